@@ -1,0 +1,17 @@
+"""Reference engine for residual-stream pruning: per decode token, a router decides before each
+block runs whether to compute it or bypass it, against an adaptive threshold.
+
+    from reference_engine import Engine, PruningConfig
+    engine = Engine.load()                       # embedded SmolLM2-135M-Instruct
+    [r] = engine.generate(["Hello"], max_new_tokens=32, config=PruningConfig(sensitivity=0.5))
+    r.text, r.token_ids, r.stats
+
+A library of its own: it never imports the harness (``rsp_bench``) or pytest.
+"""
+
+from .config import PruningConfig
+from .engine import Engine, GenerationResult
+from .errors import ConfigError, EngineInputError, ModelLoadError, PromptError
+
+__all__ = ["Engine", "GenerationResult", "PruningConfig", "ConfigError", "EngineInputError",
+           "ModelLoadError", "PromptError"]

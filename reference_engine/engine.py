@@ -1,0 +1,406 @@
+"""The reference pruned engine: load a model, then generate with per-token block pruning.
+
+``Engine.load(model=None)`` loads the embedded SmolLM2-135M-Instruct (or a local Llama-family
+folder / .gguf), re-lays its weights (model.py) and loads or computes its calibration.
+``engine.generate(prompts, ...)`` runs prefill in full, checks each prompt for odd input
+(protective degradation), then decodes with the router (router.py) planning each token's blocks.
+``engine.teacher_forced(...)`` runs the same decode path on a given continuation and returns the
+logits, so quality metrics compare distributions, not just samples.
+
+Must not import the harness (``rsp_bench``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from . import calibration as calib_mod
+from . import degradation
+from .config import PruningConfig
+from .errors import PromptError
+from .model import BypassMap, KVCache, ModelWeights, decode_step, logits_from_hidden, prefill, weights_from_hf
+from .model_loading import cache_root, file_digest, load_hf_model, load_tokenizer, resolve_model
+from .router import (Router, RouterCalibration, density_factor, density_of_text, sample_watermark,
+                     watermark_factor)
+
+log = logging.getLogger("reference_engine")
+LOSS_SAMPLE_POSITIONS = 64  # prompt positions scored for the loss check (the LM head is costly)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_ids: list[int]
+    stats: dict[str, Any]
+    logits: torch.Tensor | None = None  # [T, V], only from teacher_forced
+
+
+@dataclass
+class _Row:
+    prompt: str
+    ids: list[int]
+    degraded_reason: str | None = None
+
+
+def weights_digest(folder: Path) -> str:
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if len(files) == 1:
+        return file_digest(files[0])
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in files:
+        h.update(file_digest(f).encode())
+    return h.hexdigest()
+
+
+class Engine:
+    """A loaded model plus its calibration. Thread-compatible, not thread-safe."""
+
+    def __init__(self, name: str, folder: Path, hf_model, tokenizer, weights_sha256: str,
+                 default_config: PruningConfig | None = None):
+        self.name = name
+        self.folder = folder
+        self.hf_model = hf_model
+        self.tokenizer = tokenizer
+        self.weights = weights_from_hf(hf_model)
+        self.dims = self.weights.dims
+        self.weights_sha256 = weights_sha256
+        self.default_config = default_config or PruningConfig()
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos_id or 0)
+        self._calibration: calib_mod.Calibration | None = None
+        self._bypass: list[BypassMap | None] | None = None
+        self._stream: torch.Tensor | None = None
+
+    # ---- loading ----
+    @classmethod
+    def load(cls, model: str | Path | None = None, config: PruningConfig | None = None,
+             calibrate: bool = True, progress: Callable[[str], None] | None = None) -> "Engine":
+        """Load a model (None: the embedded default) and, unless told not to, its calibration."""
+        torch.set_grad_enabled(False)
+        name, folder = resolve_model(model)
+        hf = load_hf_model(folder)
+        tok = load_tokenizer(folder)
+        engine = cls(name, folder, hf, tok, weights_digest(folder), config)
+        if calibrate:
+            engine.calibration(progress=progress)
+        return engine
+
+    def calibration(self, progress: Callable[[str], None] | None = None, force: bool = False) -> calib_mod.Calibration:
+        """The model's calibration: packaged copy, else cache, else measured now and cached."""
+        if self._calibration is not None and not force:
+            return self._calibration
+        found = None
+        if not force:
+            for where in (Path(__file__).parent / "data", cache_root()):
+                found = calib_mod.load(where, self.weights_sha256)
+                if found:
+                    break
+        if found is None:
+            found = calib_mod.calibrate(self.weights, self.encode, self.eos_id, self._density,
+                                        self.weights_sha256, progress)
+            calib_mod.save(found[0], found[1], cache_root())
+        cal, maps = found
+        self._calibration = cal
+        self._bypass = [BypassMap(maps[f"{i}.down"], maps[f"{i}.up"]) if lin else None
+                        for i, lin in enumerate(cal.use_linear)]
+        return cal
+
+    # ---- text ----
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        if chat:
+            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                     add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _density(self, text: str, ids: list[int]) -> float:
+        emb = self.weights.embed[torch.tensor(ids)]
+        cos = torch.nn.functional.cosine_similarity(emb, emb.mean(0, keepdim=True), dim=-1).mean()
+        return density_of_text(text, ids, self.dims.vocab, float(cos))
+
+    # ---- public API ----
+    def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64,
+                 config: PruningConfig | None = None, chat: bool = True, temperature: float = 0.0,
+                 seed: int | None = None, log_file: IO[str] | None = None,
+                 **overrides: Any) -> list[GenerationResult]:
+        """Generate for each prompt. ``overrides`` replace fields of ``config`` for this request."""
+        cfg = self._config(config, overrides)
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+            raise PromptError(f"prompts must be a non-empty list of strings, got {prompts!r}")
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise PromptError(f"prompt {i} must be a string, got {type(p).__name__}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise PromptError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+            raise PromptError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        rows = [_Row(p, self.encode(p, chat)) for p in prompts]
+        if cfg.mode == "lossless":
+            from .speculative import generate_lossless
+
+            return generate_lossless(self, rows, max_new_tokens, cfg, log_file)
+        return self._run(rows, max_new_tokens, cfg, temperature, seed, None, log_file)
+
+    def teacher_forced(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int],
+                       config: PruningConfig | None = None, **overrides: Any) -> GenerationResult:
+        """Logits [len(continuation), V] that the engine predicts for each continuation token,
+        feeding the given continuation instead of its own choices (pruning applied as in generate)."""
+        cfg = self._config(config, overrides)
+        if cfg.mode == "lossless":
+            cfg = cfg.override(mode="off")  # lossless output is the unpruned model's by construction
+        if len(continuation_ids) == 0:
+            raise PromptError("continuation_ids must not be empty")
+        row = _Row(self.decode(prompt_ids), list(prompt_ids))
+        return self._run([row], len(continuation_ids), cfg, 0.0, None, [list(continuation_ids)], None)[0]
+
+    def _config(self, config: PruningConfig | None, overrides: dict) -> PruningConfig:
+        cfg = config or self.default_config
+        if overrides:
+            cfg = cfg.override(**overrides)
+        cfg.blacklist_for(self.dims.n_layers)  # range-checks the blacklist against this model
+        return cfg
+
+    # ---- the loop ----
+    def _run(self, rows: list[_Row], max_new: int, cfg: PruningConfig, temperature: float,
+             seed: int | None, forced: list[list[int]] | None, log_file: IO[str] | None) -> list[GenerationResult]:
+        w, dims, B = self.weights, self.dims, len(rows)
+        for i, r in enumerate(rows):
+            if not r.ids:
+                raise PromptError(f"prompt {i} encodes to no tokens: {r.prompt!r}")
+            if len(r.ids) + max_new > dims.max_positions:
+                raise PromptError(
+                    f"prompt {i} is {len(r.ids)} tokens; with max_new_tokens={max_new} it exceeds the "
+                    f"model's context of {dims.max_positions} tokens")
+        t_start = time.perf_counter()
+        S = max(len(r.ids) for r in rows)
+        capacity = S + max_new
+        ids = torch.full((B, S), self.pad_id, dtype=torch.long)
+        key_valid = torch.zeros(B, capacity, dtype=torch.bool)
+        for b, r in enumerate(rows):  # left padding keeps every row's next position aligned
+            ids[b, S - len(r.ids):] = torch.tensor(r.ids)
+            key_valid[b, S - len(r.ids):] = True
+        positions = (key_valid[:, :S].long().cumsum(-1) - 1).clamp(min=0)
+        cache = KVCache.allocate(dims, B, capacity)
+
+        prunes = cfg.prunes and cfg.mode == "lossy"
+        static_keep = None
+        if cfg.mode == "static":
+            self.calibration()
+            static_keep = [i not in cfg.static_bypass for i in range(dims.n_layers)]
+        hidden: list[torch.Tensor] | None = [] if prunes else None
+        logits = prefill(w, cache, ids, positions, key_valid, hidden_out=hidden)
+        router = None
+        router_time = 0.0
+        detail = cfg.log_level == "DETAILED"
+        detail_lines: list[str] = []
+        if prunes:
+            cal = self.calibration()
+            router_t0 = time.perf_counter()
+            self._check_degradation(rows, hidden, cal)
+            router = self._make_router(rows, cfg, cal)
+            router_time += time.perf_counter() - router_t0
+        t_first = time.perf_counter()
+
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        next_pos = positions[:, -1] + 1
+        out: list[list[int]] = [[] for _ in range(B)]
+        done = [False] * B
+        bypassed = np.zeros(B, dtype=np.int64)
+        executed_trace: list[int] = []
+        step_logits: list[torch.Tensor] = []
+        active = np.array([r.degraded_reason is None for r in rows])
+        stream = self._stream_buffer(B) if router is not None else None
+        step_times: list[float] = []
+        for step in range(max_new):
+            if forced is not None:
+                step_logits.append(logits[0].clone())
+                tok = torch.tensor([forced[0][step]])
+            else:
+                tok = self._sample(logits, temperature, gen)
+            toks = tok.tolist()
+            for b in range(B):
+                if not done[b]:
+                    out[b].append(toks[b])
+                    if forced is None and toks[b] == self.eos_id:
+                        done[b] = True
+            if all(done) or step == max_new - 1:
+                break
+            t0 = time.perf_counter()
+            keep = static_keep
+            if static_keep is not None:
+                bypassed += np.where(np.array(done), 0, dims.n_layers - sum(keep))
+            if router is not None:
+                keep, probe = router.plan(active)
+                n_bypass = dims.n_layers - sum(keep)
+                bypassed += np.where(np.array(done), 0, n_bypass)
+                if detail:
+                    detail_lines.extend(self._detail_records(router, keep, probe, step, rows))
+                t_plan = time.perf_counter()
+                router_time += t_plan - t0
+            executed_trace.append(dims.n_layers if keep is None else sum(keep))
+            logits = decode_step(w, cache, tok, next_pos, key_valid, keep, self._bypass if keep else None, stream)
+            next_pos = next_pos + 1
+            if router is not None:
+                t1 = time.perf_counter()
+                self._observe(router, stream, logits, keep)
+                router_time += time.perf_counter() - t1
+            step_times.append(time.perf_counter() - t0)
+
+        if router is not None:
+            reason = degradation.router_instability_reason(router.flips, router.decisions)
+            if reason is not None:
+                # Instability is only known after the fact: rerun the request in full so the
+                # output is exactly the unpruned one, as degradation promises.
+                return self._rerun_degraded(rows, max_new, cfg, temperature, seed, forced, log_file, reason)
+
+        t_end = time.perf_counter()
+        results = []
+        for b, r in enumerate(rows):
+            n_tok = len(out[b])
+            stats = {
+                "layers_bypassed": int(bypassed[b]),
+                "total_tokens": n_tok,
+                "bypass_ratio": float(bypassed[b]) / (dims.n_layers * n_tok) if n_tok else 0.0,
+                "degraded": r.degraded_reason is not None,
+                "degraded_reason": r.degraded_reason,
+                "mode": cfg.mode,
+                "sensitivity": cfg.sensitivity,
+                "blocks": dims.n_layers,
+                "prompt_tokens": len(r.ids),
+                "executed_blocks_per_step": executed_trace,
+                "router_time_s": router_time,
+                "prefill_time_s": t_first - t_start,
+                "decode_time_s": t_end - t_first,
+                "decode_step_times_s": step_times,
+                "batch_size": B,
+            }
+            res = GenerationResult(self.decode(out[b]), out[b], r.ids, stats)
+            if forced is not None:
+                res.logits = torch.stack(step_logits)
+            results.append(res)
+        self._emit_logs(cfg, results, detail_lines, log_file)
+        return results
+
+    def _rerun_degraded(self, rows, max_new, cfg, temperature, seed, forced, log_file, reason):
+        results = self._run(rows, max_new, cfg.override(mode="off", log_level="NONE"), temperature, seed, forced, None)
+        for r, res in zip(rows, results):
+            res.stats.update(degraded=True, degraded_reason=r.degraded_reason or reason,
+                             mode=cfg.mode, sensitivity=cfg.sensitivity)
+        self._emit_logs(cfg, results, [], log_file)
+        return results
+
+    def _stream_buffer(self, batch: int) -> torch.Tensor:
+        shape = (self.dims.n_layers + 1, batch, self.dims.hidden)
+        if self._stream is None or self._stream.shape != shape:
+            self._stream = torch.empty(shape)
+        return self._stream
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
+        if temperature == 0.0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits / temperature, -1)
+        return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+    def _check_degradation(self, rows: list[_Row], hidden: list[torch.Tensor], cal: calib_mod.Calibration) -> None:
+        """Text, prompt-loss and hidden-norm checks: any firing turns pruning off for that row."""
+        w = self.weights
+        S = hidden[0].shape[1]
+        for b, r in enumerate(rows):
+            reason = degradation.text_anomaly_reason(r.prompt)
+            n = len(r.ids)
+            if reason is None and n > 1:
+                # Score an evenly spaced sample of positions: the full LM head over a long prompt
+                # would cost more than the decode it protects.
+                pos = torch.linspace(S - n, S - 2, steps=min(LOSS_SAMPLE_POSITIONS, n - 1)).round().long().unique()
+                logp = torch.log_softmax(logits_from_hidden(w, hidden[-1][b, pos]).double(), -1)
+                targets = torch.tensor(r.ids)[pos - (S - n) + 1]
+                nll = float(-logp.gather(-1, targets[:, None]).mean())
+                reason = degradation.loss_anomaly_reason(nll, cal.nll_mean, cal.nll_std)
+            if reason is None:
+                norms = [float(h[b, S - n:].norm(dim=-1).max()) for h in hidden[1:]]
+                lows = [float(h[b, S - n:].norm(dim=-1).min()) for h in hidden[1:]]
+                reason = degradation.norm_anomaly_reason(norms, cal.norm_lo, cal.norm_hi) or \
+                    degradation.norm_anomaly_reason(lows, cal.norm_lo, cal.norm_hi)
+            r.degraded_reason = r.degraded_reason or reason
+
+    def _make_router(self, rows: list[_Row], cfg: PruningConfig, cal: calib_mod.Calibration) -> Router:
+        rc = RouterCalibration(impact=cal.impact, rel_mean=np.asarray(cal.rel_mean),
+                               grad_ref=np.asarray(cal.grad_ref), entropy_ref=cal.entropy_ref,
+                               density_ref=cal.density_ref)
+        f_density = np.array([density_factor(self._density(r.prompt, r.ids), cal.density_ref) for r in rows])
+        if cfg.hardware_watermark is None:
+            wm, _ = sample_watermark()
+        else:
+            wm = cfg.hardware_watermark
+        return Router(rc, len(rows), cfg.sensitivity, cfg.tau0, cfg.blacklist_for(self.dims.n_layers),
+                      f_density, watermark_factor(wm), cfg.probe_interval)
+
+    @staticmethod
+    def _observe(router: Router, stream: torch.Tensor, logits: torch.Tensor, keep: list[bool]) -> None:
+        norms = stream.norm(dim=-1).T  # [B, L+1]
+        updates = (stream[1:] - stream[:-1]).norm(dim=-1).T  # [B, L]
+        logp = torch.log_softmax(logits, -1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        router.observe(norms.numpy(), updates.numpy(), entropy.numpy(), keep)
+
+    def _detail_records(self, router: Router, keep: list[bool], probe: bool, step: int, rows: list[_Row]) -> list[str]:
+        tau, f_ent, f_grad = router.thresholds()
+        scores = router.scores()
+        lines = []
+        for b in range(len(rows)):
+            for layer in range(self.dims.n_layers):
+                if router.protected[layer]:
+                    decision = "KEEP_BLACKLIST"
+                elif probe:
+                    decision = "KEEP_PROBE"
+                else:
+                    decision = "KEEP" if keep[layer] else "BYPASS"
+                lines.append(json.dumps({
+                    "event": "block", "request": b, "token": step + 1, "block": layer,
+                    "score": round(float(scores[b, layer]), 6), "threshold": round(float(tau[b, layer]), 6),
+                    "f_density": round(float(router.f_density[b]), 4), "f_entropy": round(float(f_ent[b]), 4),
+                    "f_gradient": round(float(f_grad[b, layer]), 4), "f_watermark": round(router.f_watermark, 4),
+                    "decision": decision,
+                }))
+        return lines
+
+    def _emit_logs(self, cfg: PruningConfig, results: list[GenerationResult], detail: list[str],
+                   log_file: IO[str] | None) -> None:
+        if cfg.log_level == "NONE":
+            return
+        lines = list(detail)
+        for b, res in enumerate(results):
+            s = res.stats
+            lines.append(json.dumps({
+                "event": "request", "request": b, "layers_bypassed": s["layers_bypassed"],
+                "total_tokens": s["total_tokens"], "bypass_ratio": round(s["bypass_ratio"], 6),
+                "degraded": s["degraded"], "degraded_reason": s["degraded_reason"],
+                "mode": s["mode"], "sensitivity": s["sensitivity"],
+            }))
+        if log_file is not None:
+            log_file.write("\n".join(lines) + "\n")
+            log_file.flush()
+        else:
+            for line in lines:
+                log.info(line)

@@ -1,0 +1,278 @@
+"""The Llama decoder as plain functions over a preallocated KV cache (after gpt-fast).
+
+Everything the engine computes lives here: RMSNorm, RoPE, attention with grouped K/V heads,
+the gated MLP, prefill over a whole prompt, and one decode step whose blocks either run or are
+bypassed according to a per-step plan that the router made *before* the step started.
+
+Weights are re-laid once at load for batch-1 decode speed: q/k/v fused into one matrix and
+gate/up fused into another, so each block reads its weights in four matrix products.
+The arithmetic mirrors ``transformers``' Llama (same RMSNorm, RoPE table and SDPA call) so that
+with every block kept, greedy output equals ``model.generate`` token for token.
+
+Must not import the harness (``rsp_bench``) or anything from the router: this file is the math.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    n_layers: int
+    hidden: int
+    intermediate: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    rms_eps: float
+    rope_theta: float
+    max_positions: int
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+@dataclass
+class BlockWeights:
+    attn_norm: Tensor  # [D]
+    wqkv: Tensor  # [(H + 2 KV) * hd, D]
+    wkv: Tensor  # view of the k/v rows of wqkv: what a bypassed block still reads
+    wo: Tensor  # [D, H * hd]
+    mlp_norm: Tensor  # [D]
+    w_gate_up: Tensor  # [2F, D]
+    w_down: Tensor  # [D, F]
+
+
+@dataclass
+class ModelWeights:
+    dims: ModelDims
+    embed: Tensor  # [V, D]
+    blocks: list[BlockWeights]
+    final_norm: Tensor
+    lm_head: Tensor  # [V, D], the embedding itself when tied
+    rope_cos: Tensor  # [max_positions, hd]
+    rope_sin: Tensor
+
+    def bytes_per_block(self) -> int:
+        b = self.blocks[0]
+        return sum(t.numel() * t.element_size() for t in (b.attn_norm, b.wqkv, b.wo, b.mlp_norm, b.w_gate_up, b.w_down))
+
+
+def weights_from_hf(model) -> ModelWeights:
+    """Re-lay a ``transformers`` Llama-family model's weights (fused, contiguous, fp32)."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    if rope.get("rope_type", "default") != "default":
+        from .errors import ModelLoadError
+
+        raise ModelLoadError(f"rope_type {rope.get('rope_type')!r} is not supported (only 'default')")
+    dims = ModelDims(
+        n_layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+        n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
+        vocab=cfg.vocab_size, rms_eps=float(cfg.rms_norm_eps), rope_theta=theta,
+        max_positions=int(cfg.max_position_embeddings),
+    )
+    inner = model.model
+    blocks = []
+    with torch.no_grad():
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
+            blocks.append(BlockWeights(
+                attn_norm=layer.input_layernorm.weight.detach(),
+                wqkv=wqkv,
+                wkv=wqkv[dims.q_dim:],
+                wo=a.o_proj.weight.detach().contiguous(),
+                mlp_norm=layer.post_attention_layernorm.weight.detach(),
+                w_gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(),
+                w_down=m.down_proj.weight.detach().contiguous(),
+            ))
+        cos, sin = rope_table(dims)
+        return ModelWeights(
+            dims=dims, embed=inner.embed_tokens.weight.detach(), blocks=blocks,
+            final_norm=inner.norm.weight.detach(), lm_head=model.lm_head.weight.detach(),
+            rope_cos=cos, rope_sin=sin,
+        )
+
+
+def rope_table(dims: ModelDims) -> tuple[Tensor, Tensor]:
+    # Same expression as transformers' default RoPE init so the table is bit-identical.
+    inv_freq = 1.0 / (dims.rope_theta ** (torch.arange(0, dims.head_dim, 2, dtype=torch.int64).float() / dims.head_dim))
+    pos = torch.arange(dims.max_positions, dtype=torch.float32)
+    freqs = pos[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys and values, one [B, KV, T, hd] pair per layer; ``length`` positions filled."""
+
+    k: list[Tensor]
+    v: list[Tensor]
+    length: int = 0
+
+    @classmethod
+    def allocate(cls, dims: ModelDims, batch: int, capacity: int, dtype=torch.float32, device="cpu") -> "KVCache":
+        shape = (batch, dims.n_kv_heads, capacity, dims.head_dim)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(dims.n_layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(dims.n_layers)])
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+
+def _qkv(blk: BlockWeights, dims: ModelDims, x: Tensor, cos: Tensor, sin: Tensor):
+    """x [B, S, D] -> q [B, H, S, hd], k, v [B, KV, S, hd] with RoPE applied."""
+    B, S, _ = x.shape
+    qkv = F.linear(rms_norm(x, blk.attn_norm, dims.rms_eps), blk.wqkv)
+    q, k, v = qkv.split((dims.q_dim, dims.kv_dim, dims.kv_dim), dim=-1)
+    q = q.view(B, S, dims.n_heads, dims.head_dim).transpose(1, 2)
+    k = k.view(B, S, dims.n_kv_heads, dims.head_dim).transpose(1, 2)
+    v = v.view(B, S, dims.n_kv_heads, dims.head_dim).transpose(1, 2)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def write_kv_only(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, x: Tensor,
+                  start: int, cos: Tensor, sin: Tensor) -> None:
+    """What a bypassed block still does: project its input to K/V so later tokens can attend to it."""
+    B, S, _ = x.shape
+    kv = F.linear(rms_norm(x, blk.attn_norm, dims.rms_eps), blk.wkv)
+    k, v = kv.split((dims.kv_dim, dims.kv_dim), dim=-1)
+    k = k.view(B, S, dims.n_kv_heads, dims.head_dim).transpose(1, 2)
+    v = v.view(B, S, dims.n_kv_heads, dims.head_dim).transpose(1, 2)
+    cache.k[layer][:, :, start:start + S] = apply_rope(k, cos, sin)
+    cache.v[layer][:, :, start:start + S] = v
+
+
+def block_forward(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, x: Tensor,
+                  start: int, cos: Tensor, sin: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+    """Run block ``layer`` on x [B, S, D] at cache positions start..start+S-1; returns the new stream."""
+    B, S, _ = x.shape
+    q, k, v = _qkv(blk, dims, x, cos, sin)
+    end = start + S
+    cache.k[layer][:, :, start:end] = k
+    cache.v[layer][:, :, start:end] = v
+    keys, values = cache.k[layer][:, :, :end], cache.v[layer][:, :, :end]
+    attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                          is_causal=causal and mask is None, enable_gqa=True)
+    h = x + F.linear(attn.transpose(1, 2).reshape(B, S, dims.q_dim), blk.wo)
+    gate, up = F.linear(rms_norm(h, blk.mlp_norm, dims.rms_eps), blk.w_gate_up).chunk(2, dim=-1)
+    return h + F.linear(F.silu(gate) * up, blk.w_down)
+
+
+def logits_from_hidden(w: ModelWeights, h: Tensor) -> Tensor:
+    return F.linear(rms_norm(h, w.final_norm, w.dims.rms_eps), w.lm_head)
+
+
+def attention_mask(key_valid: Tensor, start: int, length: int) -> Tensor | None:
+    """Bool mask [B, 1, S, start+S] for S new queries at ``start``: causal and no padded keys.
+
+    ``key_valid`` [B, capacity] marks real (non-padding) positions. Returns None when nothing is
+    masked beyond causality for a single query, so batch-1 decode takes SDPA's unmasked path,
+    as ``transformers`` does.
+    """
+    end = start + length
+    valid = key_valid[:, :end]
+    if length == 1:
+        if bool(valid.all()):
+            return None
+        return valid[:, None, None, :]
+    q_pos = torch.arange(start, end, device=key_valid.device)[:, None]
+    k_pos = torch.arange(end, device=key_valid.device)[None, :]
+    causal = k_pos <= q_pos  # [S, end]
+    mask = causal[None, None] & valid[:, None, None, :]
+    # A padded query would attend to nothing and SDPA would return NaN; let it see itself.
+    mask = mask | (k_pos == q_pos)[None, None]
+    return mask
+
+
+def prefill(w: ModelWeights, cache: KVCache, input_ids: Tensor, positions: Tensor,
+            key_valid: Tensor, hidden_out: list[Tensor] | None = None) -> Tensor:
+    """Run every block over the prompt [B, S] (prefill is never pruned). Returns last-position logits [B, V].
+
+    If ``hidden_out`` is a list, the residual stream entering each block and the final stream are
+    appended to it ([B, S, D] each), for calibration and the degradation detector.
+    """
+    dims = w.dims
+    S = input_ids.shape[1]
+    h = F.embedding(input_ids, w.embed)
+    cos, sin = w.rope_cos[positions][:, None], w.rope_sin[positions][:, None]
+    padded = not bool(key_valid[:, :S].all())
+    mask = attention_mask(key_valid, 0, S) if padded else None
+    for layer, blk in enumerate(w.blocks):
+        if hidden_out is not None:
+            hidden_out.append(h)
+        h = block_forward(blk, dims, cache, layer, h, 0, cos, sin, mask, causal=True)
+    if hidden_out is not None:
+        hidden_out.append(h)
+    cache.length = S
+    return logits_from_hidden(w, h[:, -1])
+
+
+@dataclass
+class BypassMap:
+    """Low-rank linear stand-in for a bypassed block: h + (h @ down) @ up."""
+
+    down: Tensor  # [D, r]
+    up: Tensor  # [r, D]
+
+
+def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: Tensor,
+                key_valid: Tensor, keep: list[bool] | None, bypass: list[BypassMap | None] | None,
+                stream: Tensor | None) -> Tensor:
+    """Decode one token per row. ``token_ids`` [B], ``positions`` [B] (RoPE positions).
+
+    ``keep[l]`` False bypasses block l (identity, or its BypassMap when one is given) after writing
+    its K/V. ``stream`` [L+1, B, D], when given, receives the residual stream at every block
+    boundary so the router can measure updates without extra work inside the loop.
+    Returns logits [B, V].
+    """
+    dims = w.dims
+    start = cache.length
+    h = F.embedding(token_ids, w.embed)[:, None, :]
+    cos, sin = w.rope_cos[positions][:, None, None], w.rope_sin[positions][:, None, None]
+    mask = attention_mask(key_valid, start, 1)
+    if stream is not None:
+        stream[0].copy_(h[:, 0])
+    for layer, blk in enumerate(w.blocks):
+        if keep is None or keep[layer]:
+            h = block_forward(blk, dims, cache, layer, h, start, cos, sin, mask, causal=False)
+        else:
+            write_kv_only(blk, dims, cache, layer, h, start, cos, sin)
+            lin = bypass[layer] if bypass is not None else None
+            if lin is not None:
+                h = h + (h @ lin.down) @ lin.up
+        if stream is not None:
+            stream[layer + 1].copy_(h[:, 0])
+    cache.length = start + 1
+    return logits_from_hidden(w, h[:, 0])

@@ -1,0 +1,282 @@
+"""Tests of rsp_bench.gate: policy loading, Mann-Whitney U, planted regressions, noise, CLI glue.
+
+Must not import torch, transformers or reference_engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from rsp_bench.baselines import update_baseline
+from rsp_bench.errors import PolicyError, RecordError
+from rsp_bench.gate import (
+    compare,
+    configure_gate_parser,
+    load_policy,
+    mann_whitney_u,
+    min_attainable_p,
+    run_gate,
+)
+from rsp_bench.records import KNOWN_METRICS, RunRecordBuilder, write_record
+
+MACHINE = {"fingerprint": "f00dfeed0001", "hostname": "h", "platform": "p", "cpu": "c", "cores": 2,
+           "memory_gb": 8.0, "gpu": None}
+VERSIONS = {"python": "3.11", "torch": None, "transformers": None, "rsp_bench": "0.1"}
+LOSSY = "reference/lossy/s=0.50"
+
+
+def _record(top1: float = 0.90, speedups: list[float] | None = None, extra_metrics: dict | None = None,
+            configs: tuple[str, ...] = (LOSSY,), quick: bool = False) -> dict:
+    b = RunRecordBuilder(model_name="tiny", machine=MACHINE, commit=None, versions_info=VERSIONS, quick=quick)
+    for config in configs:
+        b.add_metric(config, "top1_agreement", top1, n=600, unit="fraction")
+        if speedups is not None:
+            b.add_metric(config, "speedup_vs_off", statistics.median(speedups), n=len(speedups), unit="x",
+                         samples=speedups)
+        for name, value in (extra_metrics or {}).items():
+            b.add_metric(config, name, value, n=50)
+    return b.build(wall_time_s=1.0)
+
+
+def _noisy(rng: random.Random, center: float, noise: float = 0.05, n: int = 20) -> list[float]:
+    return [center * (1.0 + rng.gauss(0.0, noise)) for _ in range(n)]
+
+
+def _verdict(report, metric: str, config: str = LOSSY) -> str:
+    (row,) = [r for r in report.rows if r["config"] == config and r["metric"] == metric]
+    return row["verdict"]
+
+
+# --------------------------------------------------------------------------- Mann-Whitney U
+
+
+def test_mann_whitney_matches_a_hand_computed_case() -> None:
+    # x = 1,2,3 vs y = 4,5,6: U_x = 0, mean 4.5, variance 3*3*7/12 = 5.25,
+    # z = (4.5 - 0.5) / sqrt(5.25) = 1.7457, two-sided p = 0.080856.
+    u, p = mann_whitney_u([1, 2, 3], [4, 5, 6])
+    assert u == 0.0
+    assert p == pytest.approx(0.0808556, abs=1e-6)
+
+
+def test_mann_whitney_ties_and_identical_samples() -> None:
+    assert mann_whitney_u([1.0] * 5, [1.0] * 7) == (17.5, 1.0)
+    u, p = mann_whitney_u([1, 1, 2, 2], [2, 2, 3, 3])
+    assert u == 2.0 and 0.0 < p < 1.0
+
+
+def test_mann_whitney_agrees_with_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(0)
+    for _ in range(30):
+        x = [round(rng.gauss(1.0, 0.1), 2) for _ in range(rng.randint(1, 30))]
+        y = [round(rng.gauss(1.05, 0.1), 2) for _ in range(rng.randint(1, 30))]
+        ref = stats.mannwhitneyu(x, y, alternative="two-sided", method="asymptotic", use_continuity=True)
+        u, p = mann_whitney_u(x, y)
+        assert u == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-12)
+
+
+def test_min_attainable_p_decides_when_the_test_can_say_anything() -> None:
+    assert min_attainable_p(5, 5) > 0.01 > min_attainable_p(6, 6)
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def test_default_policy_has_a_rule_for_every_known_metric() -> None:
+    policy = load_policy()
+    assert policy.alpha == 0.01
+    unruled = sorted(m for m in KNOWN_METRICS if policy.rule_for(m) is None)
+    assert not unruled
+    top1 = policy.rule_for("top1_agreement")
+    assert (top1.direction, top1.kind, top1.tolerance, top1.significance) == ("higher", "abs", 0.02, False)
+    speed = policy.rule_for("speedup_vs_off")
+    assert (speed.direction, speed.kind, speed.tolerance, speed.significance) == ("higher", "rel", 0.10, True)
+    assert policy.rule_for("projected_tokens_per_s_H100").pattern == "projected_tokens_per_s_*"
+    assert policy.rule_for("my_engine_metric") is None
+
+
+def test_user_policy_is_layered_over_the_default(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[gate]\nalpha = 0.05\n[metrics]\ntop1_agreement = { direction = "higher", abs = 0.1 }\n'
+                    '"my_*" = { direction = "lower", rel = 0.5 }\n', encoding="utf-8")
+    policy = load_policy(path)
+    assert policy.alpha == 0.05
+    assert policy.rule_for("top1_agreement").tolerance == 0.1
+    assert policy.rule_for("kl_mean").tolerance == 0.02  # inherited
+    assert policy.rule_for("my_metric").direction == "lower"
+    path.write_text('[gate]\ninherit_default = false\n[metrics]\nkl_mean = { direction = "none" }\n', encoding="utf-8")
+    alone = load_policy(path)
+    assert alone.rule_for("top1_agreement") is None and alone.alpha == 0.01
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[metrics]\ntop1_agreement = { direction = "up", abs = 0.02 }', "direction 'up' must be one of"),
+        ('[metrics]\ntop1_agreement = { direction = "higher" }', "needs a tolerance"),
+        ('[metrics]\ntop1_agreement = { direction = "higher", abs = 0.1, rel = 0.1 }', "not both"),
+        ('[metrics]\ntop1_agreement = { direction = "higher", abs = -0.1 }', "abs tolerance -0.1"),
+        ('[metrics]\ntop1_agreement = { direction = "higher", abs = 0.1, tol = 1 }', "unknown key(s) 'tol'"),
+        ('[metrics]\ntop1_agreement = { direction = "higher", rel = 0.1, significance = "yes" }', "significance 'yes'"),
+        ('[metrics]\ntop1_agreement = 0.02', "must be a table"),
+        ("[gate]\nalpha = 1.5", "gate.alpha 1.5"),
+        ("[gate]\nbeta = 1", "unknown key(s) 'beta'"),
+        ("[gates]\nalpha = 0.1", "unknown table(s) 'gates'"),
+        ("[metrics\n", "not valid TOML"),
+    ],
+)
+def test_bad_policies_name_the_bad_key_or_value(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_missing_policy_file(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="no such policy file"):
+        load_policy(tmp_path / "absent.toml")
+
+
+# --------------------------------------------------------------------------- planted regressions
+
+
+def test_top1_drop_beyond_tolerance_fails_and_within_passes() -> None:
+    base = _record(top1=0.90)
+    dropped = compare(base, _record(top1=0.85))
+    assert not dropped.passed and _verdict(dropped, "top1_agreement") == "regressed"
+    assert "REGRESSED" in dropped.format_table()
+    assert dropped.passed is False and len(dropped.regressions) == 1
+    within = compare(base, _record(top1=0.89))
+    assert within.passed and _verdict(within, "top1_agreement") == "ok"
+    exactly = compare(base, _record(top1=0.88))  # a drop equal to the tolerance is allowed
+    assert exactly.passed
+    better = compare(base, _record(top1=0.95))
+    assert better.passed and _verdict(better, "top1_agreement") == "improved"
+
+
+def test_clearly_slower_speedup_samples_fail() -> None:
+    rng = random.Random(1)
+    base = _record(speedups=_noisy(rng, 1.5))
+    slower = compare(base, _record(speedups=_noisy(rng, 1.5 * 0.7)))
+    assert not slower.passed and _verdict(slower, "speedup_vs_off") == "regressed"
+    (row,) = [r for r in slower.rows if r["metric"] == "speedup_vs_off"]
+    assert row["p_value"] < 1e-4 and row["change"] < -0.2
+
+
+def test_unchanged_reruns_pass_at_least_19_of_20_seeds() -> None:
+    passes = 0
+    for seed in range(20):
+        rng = random.Random(1000 + seed)
+        base = _record(speedups=_noisy(rng, 1.5))
+        rerun = _record(speedups=_noisy(rng, 1.5))
+        passes += compare(base, rerun).passed
+    assert passes >= 19
+
+
+def test_change_beyond_tolerance_that_noise_explains_is_not_a_regression() -> None:
+    # Very noisy samples: the medians differ by ~12% but the sets overlap heavily.
+    base_samples = [1.0, 2.0, 1.2, 1.9, 1.1, 1.8, 1.3, 1.7, 1.5, 1.4, 1.6, 1.5]
+    now_samples = [v * 0.88 for v in base_samples[::-1]]
+    base = _record(speedups=base_samples)
+    now = _record(speedups=now_samples)
+    report = compare(base, now)
+    (row,) = [r for r in report.rows if r["metric"] == "speedup_vs_off"]
+    assert row["change"] < -0.10 and row["p_value"] >= 0.01
+    assert row["verdict"] == "ok" and "not significant" in row["note"] and report.passed
+
+
+def test_timing_without_samples_uses_tolerance_alone() -> None:
+    base = _record(extra_metrics={"decode_tokens_per_s": 25.0})
+    report = compare(base, _record(extra_metrics={"decode_tokens_per_s": 15.0}))
+    assert _verdict(report, "decode_tokens_per_s") == "regressed"
+    assert any("tolerance alone" in r["note"] for r in report.rows)
+
+
+def test_lower_is_better_metrics() -> None:
+    base = _record(extra_metrics={"kl_mean": 0.10})
+    assert _verdict(compare(base, _record(extra_metrics={"kl_mean": 0.15})), "kl_mean") == "regressed"
+    assert _verdict(compare(base, _record(extra_metrics={"kl_mean": 0.05})), "kl_mean") == "improved"
+
+
+def test_info_new_and_missing_never_fail() -> None:
+    base = _record(extra_metrics={"bypass_ratio": 0.2, "kl_p99": 1.0}, configs=(LOSSY, "reference/off"))
+    run = _record(extra_metrics={"bypass_ratio": 0.9, "my_engine_metric": 3.0}, configs=(LOSSY, "hf-generate/off"))
+    report = compare(base, run)
+    assert report.passed
+    assert _verdict(report, "bypass_ratio") == "info"
+    assert _verdict(report, "my_engine_metric") == "new"
+    assert _verdict(report, "kl_p99") == "missing"
+    assert _verdict(report, "(all)", config="reference/off") == "missing"
+    assert _verdict(report, "(all)", config="hf-generate/off") == "new"
+    assert report.counts()["regressed"] == 0
+
+
+def test_mismatched_records_are_warned_about() -> None:
+    base = _record()
+    run = _record(quick=True)
+    run["machine"] = {**run["machine"], "fingerprint": "0123456789ab"}
+    report = compare(base, run)
+    text = report.format_table()
+    assert "machine.fingerprint differs" in text and "quick" in text
+
+
+def test_rows_are_in_a_deterministic_order_and_the_table_is_readable() -> None:
+    rng = random.Random(3)
+    base = _record(speedups=_noisy(rng, 1.5), configs=("z/off", "a/off"))
+    report = compare(base, _record(top1=0.5, speedups=_noisy(rng, 1.5), configs=("a/off", "z/off")))
+    assert [(r["config"], r["metric"]) for r in report.rows] == [
+        ("a/off", "speedup_vs_off"), ("a/off", "top1_agreement"),
+        ("z/off", "speedup_vs_off"), ("z/off", "top1_agreement"),
+    ]
+    table = report.format_table()
+    for header in ("config", "metric", "baseline", "now", "change", "verdict"):
+        assert header in table
+    assert "-40.0%" not in table and "-0.4" in table
+    assert table.splitlines()[-1].startswith("rsp-bench gate FAILED: 2 regressed, 2 ok")
+
+
+def test_compare_rejects_malformed_records() -> None:
+    bad = _record()
+    del bad["model"]
+    with pytest.raises(RecordError, match="baseline: field"):
+        compare(bad, _record())
+
+
+# --------------------------------------------------------------------------- CLI glue
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    configure_gate_parser(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_record(_record(top1=0.9), tmp_path / "a")
+    bad = write_record(_record(top1=0.8), tmp_path / "b")
+    good = write_record(_record(top1=0.9), tmp_path / "c")
+    assert run_gate(_args(["--baseline", str(base), "--run", str(bad)])) == 1
+    assert "REGRESSED" in capsys.readouterr().out
+    assert run_gate(_args(["--baseline", str(base), "--run", str(good)])) == 0
+    assert "PASSED" in capsys.readouterr().out
+    broken = tmp_path / "broken.json"
+    broken.write_text("[]", encoding="utf-8")
+    with pytest.raises(RecordError, match="broken.json"):
+        run_gate(_args(["--baseline", str(broken), "--run", str(good)]))
+
+
+def test_cli_defaults_find_the_newest_run_and_its_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    write_record(_record(top1=0.8), results)
+    assert run_gate(_args(["--results", str(results)])) == 0
+    assert "no baseline" in capsys.readouterr().err
+    update_baseline(_record(top1=0.9), results / "baselines")
+    assert run_gate(_args(["--results", str(results)])) == 1
+    with pytest.raises(RecordError, match="no run records"):
+        run_gate(_args(["--results", str(tmp_path / "empty")]))
