@@ -10,8 +10,18 @@ A library of its own: it never imports the harness (``rsp_bench``) or pytest.
 """
 
 from .config import PruningConfig
-from .engine import Engine, GenerationResult
 from .errors import ConfigError, EngineInputError, ModelLoadError, PromptError
+
+
+def __getattr__(name: str):
+    # Engine pulls in torch and transformers; import it only when asked, so that the harness
+    # and the CLI can use the config and errors without paying for torch.
+    if name in ("Engine", "GenerationResult"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'reference_engine' has no attribute {name!r}")
+
 
 __all__ = ["Engine", "GenerationResult", "PruningConfig", "ConfigError", "EngineInputError",
            "ModelLoadError", "PromptError"]

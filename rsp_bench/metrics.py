@@ -46,9 +46,9 @@ __all__ = [
     "normalize_answer", "squad_em", "squad_f1",
     "parse_json_answer", "normalize_field_value", "FieldCounts", "field_prf", "prf",
     "doc_field_f1",
-    "bootstrap_mean_ci", "bootstrap_paired_diff_ci", "wilson_interval",
+    "bootstrap_mean_ci", "bootstrap_paired_diff_ci", "bootstrap_ratio_ci", "wilson_interval",
     "percentile", "speed_summary", "achieved_bandwidth_gbs", "interleaved_speedup",
-    "bypass_ratio",
+    "bypass_ratio", "blocks_executed_per_token",
 ]
 
 
@@ -710,6 +710,35 @@ def bootstrap_paired_diff_ci(
     return float(diff.mean()), lo, hi
 
 
+def bootstrap_ratio_ci(
+    numerators: Sequence[float],
+    denominators: Sequence[float],
+    alpha: float = 0.05,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(ratio, lo, hi): sum(numerators) / sum(denominators) and its cluster-bootstrap interval.
+
+    For pooled per-token figures (top-1 agreement, mean KL, prefix agreement, bypass ratio)
+    whose independent unit is the prompt: unit i contributes numerators[i] (e.g. matching
+    tokens) over denominators[i] (its tokens), and whole units are resampled, so tokens of
+    one prompt are never treated as independent draws. Every denominator must be > 0.
+    """
+    num = _finite_array(numerators, "numerators")
+    den = _finite_array(denominators, "denominators")
+    _same_length(num, den, "numerators", "denominators")
+    if (den <= 0).any():
+        bad = int(np.flatnonzero(den <= 0)[0])
+        raise HarnessInputError(f"denominators[{bad}] is {den[bad]}; every unit needs a positive count")
+
+    def ratio(rows: np.ndarray) -> np.ndarray:
+        idx = rows.astype(np.int64)
+        return num[idx].sum(axis=1) / den[idx].sum(axis=1)
+
+    lo, hi = _bootstrap_interval(np.arange(num.size, dtype=np.float64), ratio, alpha, n_resamples, seed)
+    return float(num.sum() / den.sum()), lo, hi
+
+
 def wilson_interval(successes: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (sound near 0 and 1, unlike Wald)."""
     for name, value in (("successes", successes), ("n", n)):
@@ -815,3 +844,8 @@ def bypass_ratio(layers_bypassed: int, blocks: int, tokens: int) -> float:
     if tokens == 0:
         return 0.0
     return layers_bypassed / (blocks * tokens)
+
+
+def blocks_executed_per_token(layers_bypassed: int, blocks: int, tokens: int) -> float:
+    """Decoder blocks executed per decoded token: blocks x (1 - bypass_ratio), same inputs."""
+    return blocks * (1.0 - bypass_ratio(layers_bypassed, blocks, tokens))

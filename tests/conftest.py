@@ -1,0 +1,38 @@
+"""Shared fixtures for the unit tests: a seeded tiny random Llama model and its engine.
+
+The tiny model (6 blocks, hidden 64, a 400-token BPE vocabulary) is built once per session in a
+temporary folder, and its calibration is cached there too, so unit tests never touch the user's
+cache or the embedded model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    # The tiny model's ops are microseconds long: a second intra-op thread only adds spin-wait,
+    # and on a shared 2-core machine oversubscription made calibration 8x slower.
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from reference_engine.model_loading import make_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    os.environ["RSP_BENCH_CACHE"] = str(root / "cache")  # calibrations of the tiny model stay here
+    return make_tiny_model(root / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir):
+    from reference_engine import Engine
+
+    return Engine.load(tiny_model_dir)
