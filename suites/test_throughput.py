@@ -39,9 +39,11 @@ TOKENS = 48
 QUICK_TOKENS = 16
 # Rounds each configuration's test drives; every round runs every configuration, so a batch
 # gets (configurations + 1) x this many rounds, i.e. that many speed-up pairs. Quick with one
-# pruned configuration: 3 x 2 = 6 pairs, the fewest with which the gate's significance test
-# can say anything (6 against 6 at alpha 0.01).
+# pruned configuration: 3 x 2 = 6 pairs at batch 1, the fewest with which the gate's
+# significance test can say anything (6 against 6 at alpha 0.01); the batch-N figures carry a
+# _bN suffix the gate does not time-test, so quick runs them with half the rounds.
 ROUNDS_PER_TEST = 2
+QUICK_ROUNDS_PER_TEST_BATCHED = 1
 # Reported for every profile; the gated names are projected_{tokens_per_s,idle_fraction,
 # freed_fraction}_<P>.
 PROJECTED_KEYS = ("projected_tokens_per_s", "projected_idle_fraction", "projected_freed_fraction")
@@ -57,13 +59,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 class _Benches:
     """One InterleavedBench per batch size, built on first use, shared by the module's tests."""
 
-    def __init__(self, engine, configs, adapter_for, tokens: int) -> None:
+    def __init__(self, engine, configs, adapter_for, tokens: int, quick: bool) -> None:
         self.engine = engine
+        self.quick = quick
         self.specs = {s.config_id: s for s in configs}
         self.adapter_for = adapter_for
         self.tokens = tokens
         self.prompts = speed.fixed_prompts()
         self.by_batch: dict[int, speed.InterleavedBench] = {}
+
+    def rounds_per_test(self, batch: int) -> int:
+        return QUICK_ROUNDS_PER_TEST_BATCHED if self.quick and batch > 1 else ROUNDS_PER_TEST
 
     def get(self, batch: int) -> speed.InterleavedBench:
         if batch not in self.by_batch:
@@ -84,7 +90,7 @@ class _Benches:
 @pytest.fixture(scope="module")
 def benches(rsp_engine, rsp_configs, rsp_adapter_for, rsp_options) -> _Benches:
     tokens = rsp_options.max_new_tokens or (QUICK_TOKENS if rsp_options.quick else TOKENS)
-    return _Benches(rsp_engine, rsp_configs, rsp_adapter_for, tokens)
+    return _Benches(rsp_engine, rsp_configs, rsp_adapter_for, tokens, rsp_options.quick)
 
 
 @pytest.fixture(scope="module")
@@ -92,25 +98,27 @@ def roofline(rsp_engine) -> speed.Roofline:
     return speed.bandwidth_roofline(rsp_engine)
 
 
-def _drive(benchmark, bench: speed.InterleavedBench, name: str, batch: int, tokens: int):
+def _drive(benchmark, benches: _Benches, name: str, batch: int):
+    bench = benches.get(batch)
     setup, target, teardown = bench.pedantic_hooks(name)
     benchmark.group = f"throughput batch={batch}"
-    benchmark.extra_info.update(config_id=name, batch=batch, max_new_tokens=tokens,
+    benchmark.extra_info.update(config_id=name, batch=batch, max_new_tokens=benches.tokens,
                                 interleaved_with=[n for n in bench.names if n != name])
-    timing = benchmark.pedantic(target, setup=setup, teardown=teardown, rounds=ROUNDS_PER_TEST)
+    timing = benchmark.pedantic(target, setup=setup, teardown=teardown,
+                                rounds=benches.rounds_per_test(batch))
     benchmark.extra_info["timing_method"] = timing.method
     return timing
 
 
 def test_decode_speed(rsp_config, batch, benchmark, benches):
     """One configuration's calls, timed inside whole interleaved rounds."""
-    timing = _drive(benchmark, benches.get(batch), rsp_config.config_id, batch, benches.tokens)
+    timing = _drive(benchmark, benches, rsp_config.config_id, batch)
     assert timing.batch == batch and timing.new_tokens >= batch
 
 
 def test_hf_generate_speed(batch, benchmark, benches):
     """model.generate on the same weights: the peer the engine's own loop is measured against."""
-    timing = _drive(benchmark, benches.get(batch), speed.HF_ID, batch, benches.tokens)
+    timing = _drive(benchmark, benches, speed.HF_ID, batch)
     assert timing.batch == batch and timing.new_tokens >= batch
 
 
@@ -243,16 +251,16 @@ def test_gpu_decode_measured_beside_projection(rsp_engine, rsp_record):
 
     def measure(label: str, hf_model, weights, suffix: str, plan=None) -> None:
         shape = speed.ModelShape.from_hf_config(hf_model.config)
-        hf_call = speed.hf_generate_call(hf_model, [prompt_ids], GPU_TOKENS, rsp_engine.pad_id,
-                                         None, dev, fixed_length=True)
+        vocab = hf_model.config.vocab_size  # the random model has its own, smaller vocabulary
+        ids, pad = [[t % vocab for t in prompt_ids]], rsp_engine.pad_id % vocab
+        hf_call = speed.hf_generate_call(hf_model, ids, GPU_TOKENS, pad, None, dev, fixed_length=True)
         reports[f"hf-generate/{label}"] = speed.gpu_decode_report(
             hf_call, shape, "fp16", context, GPU_ROUNDS)
-        ref_call = speed.reference_math_call(weights, [prompt_ids], GPU_TOKENS, rsp_engine.pad_id, dev)
+        ref_call = speed.reference_math_call(weights, ids, GPU_TOKENS, pad, dev)
         reports[f"reference/{label}"] = speed.gpu_decode_report(
             ref_call, shape, "fp16", context, GPU_ROUNDS)
         if plan is not None:
-            pruned_call = speed.reference_math_call(weights, [prompt_ids], GPU_TOKENS,
-                                                    rsp_engine.pad_id, dev, keep=plan)
+            pruned_call = speed.reference_math_call(weights, ids, GPU_TOKENS, pad, dev, keep=plan)
             reports[f"reference-static/{label}"] = speed.gpu_decode_report(
                 pruned_call, shape, "fp16", context, GPU_ROUNDS, executed_blocks=float(sum(plan)))
         for cid, key in ((speed.HF_ID, f"hf-generate/{label}"), (speed.OFF_ID, f"reference/{label}")):

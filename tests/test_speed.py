@@ -361,3 +361,11 @@ def test_bandwidth_roofline_times_the_models_own_products(tiny_engine):
     assert 5 <= roof.iterations <= 20 and roof.tokens_per_s > 0
     assert roof.bytes_per_token == pytest.approx(
         bytes_per_token(speed.model_shape(tiny_engine), 4))
+
+
+def test_gpu_decode_report_without_cuda_says_so():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the suite's gpu test measures it")
+    with pytest.raises(HarnessInputError, match="needs a CUDA device"):
+        speed.gpu_decode_report(lambda: None, ModelShape.smollm2_135m(), "fp16", 64)
