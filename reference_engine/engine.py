@@ -210,7 +210,8 @@ class Engine:
         hidden: list[torch.Tensor] | None = [] if prunes else None
         logits = prefill(w, cache, ids, positions, key_valid, hidden_out=hidden)
         router = None
-        router_time = 0.0
+        router_time = 0.0  # per-token plan + observe: the cost the issue bounds per decode token
+        setup_time = 0.0  # once per request: degradation checks, density, router construction
         detail = cfg.log_level == "DETAILED"
         detail_lines: list[str] = []
         if prunes:
@@ -218,7 +219,7 @@ class Engine:
             router_t0 = time.perf_counter()
             self._check_degradation(rows, hidden, cal)
             router = self._make_router(rows, cfg, cal)
-            router_time += time.perf_counter() - router_t0
+            setup_time = time.perf_counter() - router_t0
         t_first = time.perf_counter()
 
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -289,6 +290,7 @@ class Engine:
                 "prompt_tokens": len(r.ids),
                 "executed_blocks_per_step": executed_trace,
                 "router_time_s": router_time,
+                "router_setup_time_s": setup_time,
                 "prefill_time_s": t_first - t_start,
                 "decode_time_s": t_end - t_first,
                 "decode_step_times_s": step_times,

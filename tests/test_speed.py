@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -369,3 +368,18 @@ def test_gpu_decode_report_without_cuda_says_so():
         pytest.skip("a CUDA device is present: the suite's gpu test measures it")
     with pytest.raises(HarnessInputError, match="needs a CUDA device"):
         speed.gpu_decode_report(lambda: None, ModelShape.smollm2_135m(), "fp16", 64)
+
+
+def test_router_setup_time_is_left_out_when_the_engine_reports_it():
+    s = {"router_time_s": 0.013, "router_setup_time_s": 0.010, "decode_step_times_s": [0.01] * 3}
+    assert router_cost_per_token(s)["ms_per_token"] == pytest.approx(1.0)
+
+
+def test_targets_without_setup_still_make_whole_rounds():
+    log: list[str] = []
+    bench = InterleavedBench({n: fake_call(0.01, log, n) for n in "AB"})
+    for name in "AB":  # --benchmark-disable: each test calls its target once, nothing else
+        bench.pedantic_hooks(name)[1]()
+    bench.close_round()
+    assert log == ["A", "B", "B", "A"] and bench.rounds_done == 2
+    assert all(len(bench.samples(n)) == 2 for n in "AB")

@@ -1,0 +1,679 @@
+"""``rsp-bench tune``: sweep the sensitivity, measure quality and speed at each step, and
+recommend the sensitivity to run in production.
+
+    rsp-bench tune [--model PATH] [--metric top1_agreement|squad_f1|json_field_f1] [--budget X]
+                   [--margin M] [--steps N] [--quick | --full] [--out DIR]
+    rsp-bench tune --from-table results/tune/tune.csv [--margin M] [--budget X]   # no model
+
+What one sweep measures (sensitivities evenly spaced over [0, 1], 0 included):
+  quality   ``--metric`` at each sensitivity on a fixed subset, with its 95% bootstrap CI:
+            top1_agreement (default): teacher-forced top-1 agreement with the unpruned model on
+            its own greedy continuation of the equivalence prompts (pooled over tokens, CI by a
+            cluster bootstrap over prompts); squad_f1: SQuAD F1 of the answers; json_field_f1:
+            mean per-document field F1. All through rsp_bench.quality / rsp_bench.metrics.
+  speed     decode speed-up over pruning off, measured interleaved in one process
+            (rsp_bench.speed.InterleavedBench: every sensitivity in rotated rounds, the ratio of
+            per-round median step times, bootstrap CI), plus decode tokens/s and the bypass
+            ratio of those calls.
+Sensitivity 0 *is* pruning off (``PruningConfig``: 0 disables pruning), so the s=0 row is the
+reference: its speed-up is 1 by definition and its top-1 agreement is 1. Every configuration
+pins the hardware watermark to 0 (rsp_bench.engines.pruning_config), so the curve does not
+depend on who else is using the machine while it is measured.
+
+The recommendation (``recommend``; the same function reads a saved table, so
+``recommend_from_table(tune.csv, margin)`` reproduces it exactly):
+  Q(s) = quality(s) / quality(0)      relative quality (1 at pruning off)
+  V(s) = speed-up(s)                  relative speed (1 at pruning off)
+  budget cap: with ``--budget X``, the sweep is cut before the first sensitivity whose quality
+      dropped by more than X (absolute: quality(0) - quality(s) > X; top-1 agreement >= 1 - X).
+      A later sensitivity that happens to recover is not considered: the curve is noisy and a
+      budget is a promise about every setting up to the chosen one.
+  knee: the smallest s* of the (capped) sweep that maximises U(s) = Q(s) + V(s). Then every
+      earlier point gains more speed than it loses quality on the way to s* (U rises to it),
+      and from s* to any later point the quality lost is at least the speed gained:
+      Q(s*) - Q(s) >= V(s) - V(s*). In words, s* is the point after which quality falls
+      faster than speed rises. The global maximum is used rather than the first local one so
+      that one noisy step does not stop the search.
+  recommended sensitivity = max(0, s* - margin), rounded to 4 decimals: the safety margin
+      (default 0.05; 0.05..0.1 is the sensible range) keeps production off the knee itself,
+      where the next step's quality loss begins.
+When the knee is s=0, pruning does not pay on this model and machine: the recommendation is 0
+(off), and tune says so.
+
+Files written to ``--out`` (default results/tune), each atomically (rsp_bench.storage):
+  tune.csv  one row per sensitivity: the measured figures and the derived Q, U and budget flag
+            (floats written with repr, so reading them back gives the same numbers)
+  tune.md   the same table for humans, the settings, knee and recommendation
+  tune.png  quality and speed-up against sensitivity with their CIs, knee and recommendation
+            (matplotlib Agg, default style, no Software/date metadata: deterministic bytes)
+
+Default (quick) cost, in decode steps of the model, batch 1: quality 8 prompts x 24 tokens,
+generated once unpruned and teacher-forced once per sensitivity > 0 (about 1,350 steps); speed
+6 sensitivities x 3 rounds x 32 tokens (about 600 steps); about 2,000 steps in all, plus the
+model load. ``--full``: 11 sensitivities, 48 prompts x 64 tokens, 5 rounds x 2 prompts.
+
+Must NOT import pytest; torch, transformers and the engine are imported only by a sweep (not
+by ``recommend`` / ``recommend_from_table``, which need the standard library alone), so
+``--from-table`` and the tests of the recommendation run without a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from rsp_bench.errors import HarnessInputError
+
+__all__ = [
+    "METRICS", "TuneSettings", "TuneRow", "Recommendation", "QUICK", "FULL", "sweep_sensitivities",
+    "relative_quality", "utility", "budget_cap_index", "find_knee", "recommend", "recommend_from_table",
+    "read_table", "table_csv", "table_markdown", "render_plot_png", "write_outputs", "run_sweep",
+    "configure_tune_parser", "run_tune",
+]
+
+METRICS = ("top1_agreement", "squad_f1", "json_field_f1")
+CSV_COLUMNS = ("sensitivity", "metric", "quality", "quality_lo", "quality_hi", "quality_n",
+               "speedup", "speedup_lo", "speedup_hi", "speedup_pairs", "decode_tokens_per_s",
+               "bypass_ratio", "budget", "relative_quality", "utility", "within_budget")
+# Columns the recommendation is computed from; the rest are for the reader.
+_NEEDED = ("sensitivity", "metric", "quality", "speedup", "budget")
+DEFAULT_MARGIN = 0.05
+MAX_MARGIN = 0.5
+# Quality read back from a table must not fail a budget by float noise (1 - 0.95 > 0.05).
+_BUDGET_SLACK = 1e-9
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """How big one sweep is. ``items``/``max_new_tokens``: per quality metric."""
+
+    steps: int
+    items: Mapping[str, int]
+    max_new_tokens: Mapping[str, int]
+    speed_prompts: int
+    speed_tokens: int
+    speed_rounds: int
+    name: str
+
+
+QUICK = TuneSettings(steps=6, items={"top1_agreement": 8, "squad_f1": 12, "json_field_f1": 6},
+                     max_new_tokens={"top1_agreement": 24, "squad_f1": 16, "json_field_f1": 64},
+                     speed_prompts=1, speed_tokens=32, speed_rounds=3, name="quick")
+FULL = TuneSettings(steps=11, items={"top1_agreement": 48, "squad_f1": 100, "json_field_f1": 60},
+                    max_new_tokens={"top1_agreement": 64, "squad_f1": 16, "json_field_f1": 64},
+                    speed_prompts=2, speed_tokens=64, speed_rounds=5, name="full")
+
+
+def sweep_sensitivities(steps: int) -> list[float]:
+    """``steps`` evenly spaced sensitivities from 0 to 1 inclusive, rounded to 4 decimals."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 3:
+        raise HarnessInputError(f"--steps must be an integer >= 3 (0, something between, 1), got {steps!r}")
+    return [round(i / (steps - 1), 4) for i in range(steps)]
+
+
+# --------------------------------------------------------------------------- the curve
+
+
+@dataclass
+class TuneRow:
+    """One sensitivity of the sweep (one line of tune.csv)."""
+
+    sensitivity: float
+    metric: str
+    quality: float
+    quality_lo: float
+    quality_hi: float
+    quality_n: int
+    speedup: float
+    speedup_lo: float
+    speedup_hi: float
+    speedup_pairs: int
+    decode_tokens_per_s: float
+    bypass_ratio: float
+    budget: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The outcome of ``recommend``: indices refer to the rows it was given."""
+
+    sensitivity: float
+    knee: float
+    knee_index: int
+    cap_index: int
+    margin: float
+    budget: float | None
+    relative_quality: tuple[float, ...]
+    utility: tuple[float, ...]
+
+    def explain(self) -> str:
+        cap = "" if self.budget is None else f" within the quality budget (drop <= {self.budget:g})"
+        if self.knee == 0.0:
+            return (f"knee at sensitivity 0{cap}: quality falls faster than speed rises from the first step, "
+                    "so pruning does not pay here; recommended 0 (pruning off)")
+        return (f"knee at sensitivity {self.knee:g}{cap} (relative quality {self.relative_quality[self.knee_index]:.4f}"
+                f" + speed-up {self.utility[self.knee_index] - self.relative_quality[self.knee_index]:.4f} is the "
+                f"largest); minus the margin {self.margin:g}: recommended {self.sensitivity:g}")
+
+
+def _check_curve(sensitivities: Sequence[float], quality: Sequence[float], speedup: Sequence[float]) -> None:
+    n = len(sensitivities)
+    if n < 2 or len(quality) != n or len(speedup) != n:
+        raise HarnessInputError(
+            f"a tuning curve needs >= 2 points with one quality and one speed-up each; got "
+            f"{n} sensitivities, {len(quality)} qualities, {len(speedup)} speed-ups")
+    for name, values in (("sensitivity", sensitivities), ("quality", quality), ("speed-up", speedup)):
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise HarnessInputError(f"{name} of point {i} must be a finite number, got {v!r}")
+    if sensitivities[0] != 0.0:
+        raise HarnessInputError(f"the curve must start at sensitivity 0 (pruning off, the reference), got {sensitivities[0]!r}")
+    for i in range(1, n):
+        if not sensitivities[i] > sensitivities[i - 1]:
+            raise HarnessInputError(f"sensitivities must increase strictly, got {sensitivities[i - 1]!r} then {sensitivities[i]!r}")
+    if sensitivities[-1] > 1.0:
+        raise HarnessInputError(f"sensitivity must be <= 1, got {sensitivities[-1]!r}")
+    if quality[0] <= 0:
+        raise HarnessInputError(
+            f"quality at sensitivity 0 is {quality[0]!r}: relative quality is undefined; choose a metric the "
+            "unpruned model scores above 0 on (e.g. --metric top1_agreement)")
+    bad = [v for v in speedup if v <= 0]
+    if bad:
+        raise HarnessInputError(f"speed-ups must be positive ratios, got {bad[0]!r}")
+
+
+def relative_quality(quality: Sequence[float]) -> list[float]:
+    """Q(s) = quality(s) / quality(0)."""
+    return [q / quality[0] for q in quality]
+
+
+def utility(quality: Sequence[float], speedup: Sequence[float]) -> list[float]:
+    """U(s) = Q(s) + V(s): what the knee maximises (module docstring)."""
+    return [q + v for q, v in zip(relative_quality(quality), speedup)]
+
+
+def budget_cap_index(quality: Sequence[float], budget: float | None) -> int:
+    """Index of the last point of the prefix whose quality drop stays within ``budget``."""
+    if budget is None:
+        return len(quality) - 1
+    _check_budget(budget)
+    for i, q in enumerate(quality):
+        if quality[0] - q > budget + _BUDGET_SLACK:
+            return i - 1  # i >= 1: point 0 drops nothing
+    return len(quality) - 1
+
+
+def find_knee(sensitivities: Sequence[float], quality: Sequence[float], speedup: Sequence[float]) -> int:
+    """Index of the knee: the smallest sensitivity maximising Q + V (module docstring)."""
+    _check_curve(sensitivities, quality, speedup)
+    u = utility(quality, speedup)
+    return max(range(len(u)), key=lambda i: (u[i], -i))
+
+
+def _check_margin(margin: float) -> float:
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) \
+            or not 0.0 <= margin <= MAX_MARGIN:
+        raise HarnessInputError(f"margin must be a number in [0, {MAX_MARGIN}] (0.05..0.1 is sensible), got {margin!r}")
+    return float(margin)
+
+
+def _check_budget(budget: float) -> float:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) \
+            or not 0.0 <= budget < 1.0:
+        raise HarnessInputError(f"budget (the quality drop allowed) must be a number in [0, 1), got {budget!r}")
+    return float(budget)
+
+
+def recommend(sensitivities: Sequence[float], quality: Sequence[float], speedup: Sequence[float],
+              margin: float = DEFAULT_MARGIN, budget: float | None = None) -> Recommendation:
+    """Knee of the curve (within the budget), minus the margin (module docstring)."""
+    margin = _check_margin(margin)
+    _check_curve(sensitivities, quality, speedup)
+    cap = budget_cap_index(quality, budget)
+    k = find_knee(sensitivities[:cap + 1], quality[:cap + 1], speedup[:cap + 1])
+    value = round(max(0.0, sensitivities[k] - margin), 4)
+    return Recommendation(sensitivity=value, knee=float(sensitivities[k]), knee_index=k, cap_index=cap,
+                          margin=margin, budget=budget, relative_quality=tuple(relative_quality(quality)),
+                          utility=tuple(utility(quality, speedup)))
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # shortest text that reads back as the same float
+    return str(value)
+
+
+def table_csv(rows: Sequence[TuneRow]) -> str:
+    """tune.csv: one line per sensitivity, CSV_COLUMNS in order."""
+    rec_inputs = ([r.sensitivity for r in rows], [r.quality for r in rows], [r.speedup for r in rows])
+    _check_curve(*rec_inputs)
+    q_rel = relative_quality(rec_inputs[1])
+    u = utility(rec_inputs[1], rec_inputs[2])
+    budget = rows[0].budget
+    cap = budget_cap_index(rec_inputs[1], budget)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for i, r in enumerate(rows):
+        writer.writerow([_fmt(v) for v in (
+            float(r.sensitivity), r.metric, float(r.quality), float(r.quality_lo), float(r.quality_hi), int(r.quality_n),
+            float(r.speedup), float(r.speedup_lo), float(r.speedup_hi), int(r.speedup_pairs),
+            float(r.decode_tokens_per_s), float(r.bypass_ratio), None if budget is None else float(budget),
+            q_rel[i], u[i], i <= cap)])
+    return buffer.getvalue()
+
+
+def read_table(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The columns the recommendation needs from a tune.csv, checked; errors name the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HarnessInputError(f"tuning table {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HarnessInputError(f"cannot read tuning table {path}: {exc}") from None
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in _NEEDED if c not in (reader.fieldnames or [])]
+    if missing:
+        raise HarnessInputError(f"{path} is not a tune.csv: no column(s) {', '.join(missing)} "
+                                f"(header: {reader.fieldnames!r})")
+    sens, quality, speed, metrics, budgets = [], [], [], set(), set()
+    for lineno, row in enumerate(reader, start=2):
+        try:
+            sens.append(float(row["sensitivity"]))
+            quality.append(float(row["quality"]))
+            speed.append(float(row["speedup"]))
+        except (TypeError, ValueError):
+            raise HarnessInputError(
+                f"{path}:{lineno}: sensitivity, quality and speedup must be numbers, got "
+                f"{row.get('sensitivity')!r}, {row.get('quality')!r}, {row.get('speedup')!r}") from None
+        metrics.add(row["metric"])
+        budgets.add(row["budget"] or "")
+    if len(metrics) > 1 or len(budgets) > 1:
+        raise HarnessInputError(f"{path} mixes metrics {sorted(metrics)} or budgets {sorted(budgets)}: one sweep per table")
+    raw_budget = budgets.pop() if budgets else ""
+    try:
+        budget = float(raw_budget) if raw_budget else None
+    except ValueError:
+        raise HarnessInputError(f"{path}: budget must be a number or empty, got {raw_budget!r}") from None
+    _check_curve(sens, quality, speed)
+    return {"sensitivity": sens, "quality": quality, "speedup": speed,
+            "metric": metrics.pop() if metrics else "", "budget": budget}
+
+
+_FROM_TABLE: Any = object()
+
+
+def recommend_from_table(path: str | os.PathLike[str], margin: float = DEFAULT_MARGIN,
+                         budget: float | None = _FROM_TABLE) -> float:
+    """The recommended sensitivity, recomputed from a saved tune.csv.
+
+    ``budget`` defaults to the one the sweep used (its ``budget`` column); pass a number, or
+    None for no budget, to ask what another budget would have given on the same curve.
+    """
+    table = read_table(path)
+    chosen = table["budget"] if budget is _FROM_TABLE else budget
+    return recommend(table["sensitivity"], table["quality"], table["speedup"], margin, chosen).sensitivity
+
+
+def _ci(lo: float, hi: float) -> str:
+    return f"[{lo:.3f}, {hi:.3f}]"
+
+
+def table_markdown(rows: Sequence[TuneRow], rec: Recommendation, meta: Mapping[str, Any]) -> str:
+    """tune.md: settings, the curve and the recommendation, for a person or a CI summary."""
+    from tabulate import tabulate
+
+    body = []
+    for i, r in enumerate(rows):
+        mark = " ← knee" if i == rec.knee_index else ""
+        body.append([f"{r.sensitivity:g}{mark}", f"{r.quality:.4f} {_ci(r.quality_lo, r.quality_hi)}",
+                     f"{rec.relative_quality[i]:.4f}", f"{r.speedup:.3f} {_ci(r.speedup_lo, r.speedup_hi)}",
+                     f"{r.decode_tokens_per_s:.1f}", f"{r.bypass_ratio:.3f}", f"{rec.utility[i]:.4f}",
+                     "yes" if i <= rec.cap_index else "no"])
+    headers = ["sensitivity", f"{rows[0].metric} [95% CI]", "Q (rel.)", "speed-up [95% CI]", "decode tok/s",
+               "bypass", "U = Q + V", "within budget"]
+    lines = [
+        f"# rsp-bench tune: {meta.get('model', '?')}",
+        "",
+        f"**Recommended sensitivity: {rec.sensitivity:g}** ({rec.explain()}).",
+        "",
+        f"Metric `{rows[0].metric}` on {rows[0].quality_n} {meta.get('unit', 'items')}; speed-up measured "
+        f"interleaved against pruning off ({meta.get('speed', '')}); budget: "
+        f"{'none' if rec.budget is None else f'quality drop <= {rec.budget:g}'}; margin {rec.margin:g}; "
+        f"setting {meta.get('setting', '?')}; wall time {meta.get('wall_s', 0.0):.0f} s; machine: {meta.get('machine', '?')}.",
+        "",
+        tabulate(body, headers=headers, tablefmt="github", disable_numparse=True),
+        "",
+        "Knee: the smallest sensitivity maximising U = Q + V (Q: quality relative to pruning off, V: speed-up); "
+        "after it, quality falls faster than speed rises. Recommendation: knee minus the margin, within the budget "
+        "(rsp_bench/tune.py). Reproduce it from the table:",
+        "",
+        "    python -c \"from rsp_bench.tune import recommend_from_table as r; "
+        f"print(r('tune.csv', {rec.margin!r}))\"",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_plot_png(rows: Sequence[TuneRow], rec: Recommendation, title: str) -> bytes:
+    """Quality and speed-up against sensitivity, with CIs, knee and recommendation (PNG bytes).
+
+    Deterministic bytes: matplotlib's default style, fixed size and dpi, no Software chunk.
+    """
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    xs = [r.sensitivity for r in rows]
+    with matplotlib.style.context("default"):
+        fig = Figure(figsize=(7.5, 6.5), dpi=100)
+        FigureCanvasAgg(fig)
+        axq, axv = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2, sharex=None)
+        q = [r.quality for r in rows]
+        axq.errorbar(xs, q, yerr=[[max(0.0, a - r.quality_lo) for a, r in zip(q, rows)],
+                                  [max(0.0, r.quality_hi - a) for a, r in zip(q, rows)]],
+                     marker="o", color="tab:blue", capsize=3)
+        if rec.budget is not None:
+            axq.axhline(rows[0].quality - rec.budget, color="tab:red", linestyle=":", linewidth=1,
+                        label=f"budget: drop <= {rec.budget:g}")
+        v = [r.speedup for r in rows]
+        axv.errorbar(xs, v, yerr=[[max(0.0, a - r.speedup_lo) for a, r in zip(v, rows)],
+                                  [max(0.0, r.speedup_hi - a) for a, r in zip(v, rows)]],
+                     marker="s", color="tab:green", capsize=3)
+        axv.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+        for ax in (axq, axv):
+            ax.axvline(rec.knee, color="tab:orange", linestyle="--", linewidth=1, label=f"knee {rec.knee:g}")
+            ax.axvline(rec.sensitivity, color="black", linewidth=1.2, label=f"recommended {rec.sensitivity:g}")
+            ax.set_xlim(-0.03, 1.03)
+            ax.grid(True, linewidth=0.4, alpha=0.5)
+        axq.set_ylabel(f"{rows[0].metric} (95% CI)")
+        axv.set_ylabel("decode speed-up vs off (×, interleaved)")
+        axv.set_xlabel("sensitivity")
+        axq.legend(fontsize=8, loc="lower left")
+        axq.set_title(title.replace("$", r"\$"), fontsize=10)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def write_outputs(rows: Sequence[TuneRow], out_dir: str | os.PathLike[str], margin: float,
+                  meta: Mapping[str, Any]) -> tuple[Recommendation, dict[str, Path]]:
+    """Write tune.csv, then recommend *from the written file* (so the printed recommendation is
+    the table's by construction), then tune.md and tune.png."""
+    from rsp_bench.storage import atomic_write_bytes, atomic_write_text
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise HarnessInputError(f"--out {str(out)!r} exists and is not a folder")
+    csv_path = atomic_write_text(out / "tune.csv", table_csv(rows))
+    table = read_table(csv_path)
+    rec = recommend(table["sensitivity"], table["quality"], table["speedup"], margin, table["budget"])
+    md_path = atomic_write_text(out / "tune.md", table_markdown(rows, rec, meta))
+    title = f"{meta.get('model', '')}: {rows[0].metric} and speed-up vs sensitivity ({meta.get('setting', '')})"
+    png_path = atomic_write_bytes(out / "tune.png", render_plot_png(rows, rec, title))
+    return rec, {"csv": csv_path, "md": md_path, "png": png_path}
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _log(message: str) -> None:
+    print(f"[tune] {message}", file=sys.stderr, flush=True)
+
+
+def _quality_top1(engine: Any, sensitivities: Sequence[float], n: int, max_new: int,
+                  progress: Callable[[str], None]) -> dict[float, tuple[float, float, float, int]]:
+    """Teacher-forced top-1 agreement per sensitivity on the equivalence prompts."""
+    from rsp_bench import datasets as ds
+    from rsp_bench import metrics as m
+    from rsp_bench.engines import ConfigSpec, ReferenceAdapter, format_config_id, pruning_config
+    from rsp_bench.quality import ReferenceOutputs, teacher_forced_all
+
+    adapter = ReferenceAdapter(engine)
+    off = ConfigSpec("reference/off", "reference", "off", None, {}, pruning_config("off"))
+    prompts = [p.text for p in ds.quick_subset(ds.load_prompts(), n)]
+    progress(f"reference: {len(prompts)} prompts x {max_new} tokens, generated and teacher-forced unpruned")
+    reference = ReferenceOutputs(adapter, off).get("tune", prompts, max_new, with_logits=True)
+    lengths = [len(r.token_ids) for r in reference]
+    if min(lengths) < 1:
+        raise HarnessInputError("an unpruned reference continuation is empty; use other prompts")
+    ref_logits = [r.logits for r in reference]
+    out: dict[float, tuple[float, float, float, int]] = {}
+    for s in sensitivities:
+        if s == 0.0:
+            # Sensitivity 0 is pruning off: the reference agrees with itself on every token.
+            out[s] = (1.0, 1.0, 1.0, sum(lengths))
+            continue
+        progress(f"top-1 agreement at sensitivity {s:g}")
+        spec = ConfigSpec(format_config_id("reference", "lossy", s), "reference", "lossy", s, {},
+                          pruning_config("lossy", s))
+        cand = teacher_forced_all(adapter, spec, reference)
+        matches = [float(m.top1_matches(r, c).sum()) for r, c in zip(ref_logits, cand)]
+        value, lo, hi = m.bootstrap_ratio_ci(matches, lengths)
+        out[s] = (m.top1_agreement(ref_logits, cand), lo, hi, sum(lengths))
+    return out
+
+
+def _quality_extraction(engine: Any, metric: str, sensitivities: Sequence[float], n: int, max_new: int,
+                        progress: Callable[[str], None]) -> dict[float, tuple[float, float, float, int]]:
+    """SQuAD F1 or JSON field F1 per sensitivity (rsp_bench.quality.extraction_metrics)."""
+    from rsp_bench import datasets as ds
+    from rsp_bench.engines import ConfigSpec, ReferenceAdapter, format_config_id, pruning_config
+    from rsp_bench.quality import extraction_metrics
+
+    adapter = ReferenceAdapter(engine)
+    squad = ds.quick_subset(ds.load_squad(), n) if metric == "squad_f1" else []
+    docs = ds.quick_subset(ds.load_structured(), n) if metric == "json_field_f1" else []
+    out: dict[float, tuple[float, float, float, int]] = {}
+    for s in sensitivities:
+        progress(f"{metric} at sensitivity {s:g} ({n} items x {max_new} tokens)")
+        mode = "off" if s == 0.0 else "lossy"
+        spec = ConfigSpec(format_config_id("reference", mode, None if s == 0.0 else s), "reference", mode,
+                          None if s == 0.0 else s, {}, pruning_config(mode, None if s == 0.0 else s))
+        mv = extraction_metrics(adapter, spec, squad, docs, None, max_new)[metric]
+        lo, hi = mv.ci if mv.ci is not None else (mv.value, mv.value)
+        out[s] = (mv.value, lo, hi, mv.n)
+    return out
+
+
+def _speed_call(engine: Any, prompts: Sequence[str], max_new: int, config: Any) -> Callable[[], Any]:
+    """One benchmarked call: each prompt at batch 1 (the setting quality is measured at), the
+    engine's own step timings pooled (rsp_bench.speed.engine_call per prompt)."""
+    from rsp_bench.speed import CallTiming, engine_call
+
+    calls = [engine_call(engine, [p], max_new, config) for p in prompts]
+
+    def call() -> CallTiming:
+        parts = [c() for c in calls]
+        counts = [bc for p in parts for bc in (p.bypass_counts or [])]
+        return CallTiming(ttft_s=sorted(p.ttft_s for p in parts)[len(parts) // 2],
+                          step_times_s=[t for p in parts for t in p.step_times_s], batch=1,
+                          new_tokens=sum(p.new_tokens for p in parts), method=parts[0].method,
+                          stats=parts[0].stats, bypass_counts=counts or None)
+
+    return call
+
+
+def _speed(engine: Any, sensitivities: Sequence[float], settings: TuneSettings,
+           progress: Callable[[str], None]) -> dict[float, dict[str, Any]]:
+    """Interleaved decode speed of every sensitivity against s=0 (pruning off)."""
+    from rsp_bench import metrics as m
+    from rsp_bench.engines import pruning_config
+    from rsp_bench.speed import InterleavedBench, fixed_prompts
+
+    prompts = fixed_prompts(settings.speed_prompts)
+    names = {s: f"s={s:.4f}" for s in sensitivities}
+    calls = {names[s]: _speed_call(engine, prompts, settings.speed_tokens,
+                                   pruning_config("off") if s == 0.0 else pruning_config("lossy", s))
+             for s in sensitivities}
+    bench = InterleavedBench(calls)
+    progress(f"speed: {len(calls)} configurations x {settings.speed_rounds} interleaved rounds x "
+             f"{len(prompts)} prompt(s) x {settings.speed_tokens} tokens")
+    calls[names[sensitivities[0]]]()  # warm-up, discarded: first-call allocations
+    for r in range(settings.speed_rounds):
+        bench.run_round()
+        progress(f"speed round {r + 1}/{settings.speed_rounds} done")
+    base = names[0.0]
+    out: dict[float, dict[str, Any]] = {}
+    for s in sensitivities:
+        name = names[s]
+        summary = bench.summary(name)
+        counts = [bc for t in bench.samples(name) for bc in (t.bypass_counts or [])]
+        ratio = 0.0
+        if counts:
+            ratio = m.bypass_ratio(sum(c[0] for c in counts), counts[0][2], sum(c[1] for c in counts))
+        if s == 0.0:
+            sp = {"ratio": 1.0, "lo": 1.0, "hi": 1.0, "pairs": bench.rounds_done}
+        else:
+            sp = bench.speedup(base, name)
+        out[s] = {"speedup": sp["ratio"], "lo": sp["lo"], "hi": sp["hi"], "pairs": int(sp["pairs"]),
+                  "tokens_per_s": summary["decode_tokens_per_s"], "bypass_ratio": ratio}
+    return out
+
+
+def run_sweep(engine: Any, metric: str, settings: TuneSettings, budget: float | None = None,
+              steps: int | None = None, items: int | None = None, max_new_tokens: int | None = None,
+              rounds: int | None = None, progress: Callable[[str], None] = _log) -> list[TuneRow]:
+    """Measure quality and speed at each sensitivity of the sweep; return the curve."""
+    if metric not in METRICS:
+        raise HarnessInputError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if budget is not None:
+        _check_budget(budget)
+    sens = sweep_sensitivities(settings.steps if steps is None else steps)
+    n = settings.items[metric] if items is None else items
+    max_new = settings.max_new_tokens[metric] if max_new_tokens is None else max_new_tokens
+    for name, v in (("--items", n), ("--max-new-tokens", max_new)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise HarnessInputError(f"{name} must be an integer >= 1, got {v!r}")
+    if rounds is not None:
+        settings = TuneSettings(settings.steps, settings.items, settings.max_new_tokens, settings.speed_prompts,
+                                settings.speed_tokens, rounds, settings.name)
+    if metric == "top1_agreement":
+        quality = _quality_top1(engine, sens, n, max_new, progress)
+    else:
+        quality = _quality_extraction(engine, metric, sens, n, max_new, progress)
+    speed = _speed(engine, sens, settings, progress)
+    return [TuneRow(sensitivity=s, metric=metric, quality=quality[s][0], quality_lo=quality[s][1],
+                    quality_hi=quality[s][2], quality_n=quality[s][3], speedup=speed[s]["speedup"],
+                    speedup_lo=speed[s]["lo"], speedup_hi=speed[s]["hi"], speedup_pairs=speed[s]["pairs"],
+                    decode_tokens_per_s=speed[s]["tokens_per_s"], bypass_ratio=speed[s]["bypass_ratio"],
+                    budget=budget) for s in sens]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _unit_float(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{name} must be finite, got {text!r}")
+        return value
+    return parse
+
+
+def _int_arg(name: str, minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def configure_tune_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="local Llama-family folder or .gguf (default: the embedded model)")
+    p.add_argument("--metric", default="top1_agreement", choices=METRICS,
+                   help="quality measured at each sensitivity (default top1_agreement)")
+    p.add_argument("--budget", type=_unit_float("--budget"), default=None,
+                   help="quality drop allowed, absolute (e.g. 0.1: top-1 agreement >= 0.9); default: none")
+    p.add_argument("--margin", type=_unit_float("--margin"), default=DEFAULT_MARGIN,
+                   help=f"safety margin subtracted from the knee (default {DEFAULT_MARGIN}; 0.05..0.1 is sensible)")
+    p.add_argument("--steps", type=_int_arg("--steps", 3), default=None,
+                   help=f"sensitivities from 0 to 1 (default {QUICK.steps} quick, {FULL.steps} full)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="full", action="store_false", help="small fixed subset (the default)")
+    size.add_argument("--full", dest="full", action="store_true", help="larger subset, more steps and rounds")
+    p.set_defaults(full=False)
+    p.add_argument("--items", type=_int_arg("--items", 1), default=None,
+                   help="prompts / questions / documents per sensitivity (default: per metric and setting)")
+    p.add_argument("--max-new-tokens", type=_int_arg("--max-new-tokens", 1), default=None)
+    p.add_argument("--rounds", type=_int_arg("--rounds", 1), default=None, help="interleaved speed rounds")
+    p.add_argument("--out", default=os.path.join("results", "tune"), help="folder for tune.csv, tune.md, tune.png")
+    p.add_argument("--from-table", default=None, metavar="CSV",
+                   help="recompute the recommendation from a saved tune.csv (no model, no measuring)")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    margin = _check_margin(args.margin)
+    if args.budget is not None:
+        _check_budget(args.budget)
+    if args.from_table:
+        table = read_table(args.from_table)
+        budget = args.budget if args.budget is not None else table["budget"]
+        rec = recommend(table["sensitivity"], table["quality"], table["speedup"], margin, budget)
+        print(rec.explain())
+        print(f"recommended sensitivity: {rec.sensitivity:g}")
+        return 0
+    settings = FULL if args.full else QUICK
+    t0 = time.monotonic()
+    from reference_engine import Engine
+
+    from rsp_bench.records import machine_info
+
+    engine = Engine.load(args.model, progress=_log)
+    _log(f"model {engine.name} loaded in {time.monotonic() - t0:.1f} s")
+    rows = run_sweep(engine, args.metric, settings, args.budget, args.steps, args.items, args.max_new_tokens,
+                     args.rounds)
+    wall = time.monotonic() - t0
+    machine = machine_info()
+    n_prompts = settings.speed_prompts
+    meta = {"model": engine.name, "setting": settings.name, "wall_s": wall,
+            "unit": {"top1_agreement": "teacher-forced tokens", "squad_f1": "questions",
+                     "json_field_f1": "documents"}[args.metric],
+            "speed": f"{rows[0].speedup_pairs} rounds x {n_prompts} prompt(s) x "
+                     f"{settings.speed_tokens} tokens, batch 1",
+            "machine": f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"}
+    rec, paths = write_outputs(rows, args.out, margin, meta)
+    from tabulate import tabulate
+
+    print(tabulate([[f"{r.sensitivity:g}", f"{r.quality:.4f} {_ci(r.quality_lo, r.quality_hi)}",
+                     f"{r.speedup:.3f} {_ci(r.speedup_lo, r.speedup_hi)}", f"{r.bypass_ratio:.3f}",
+                     f"{rec.utility[i]:.4f}"] for i, r in enumerate(rows)],
+                   headers=["sensitivity", args.metric, "speed-up", "bypass", "U = Q + V"], disable_numparse=True))
+    print(rec.explain())
+    knee_row = rows[rec.knee_index]
+    if rec.knee > 0 and knee_row.speedup_lo <= 1.0:
+        print(f"warning: the speed-up at the knee ({knee_row.speedup:.3f}, CI {_ci(knee_row.speedup_lo, knee_row.speedup_hi)}) "
+              "is not distinguishable from 1: pruning may not pay on this machine; measure with --full")
+    print(f"recommended sensitivity: {rec.sensitivity:g}")
+    print(f"table: {paths['csv']}, {paths['md']}; plot: {paths['png']}; wall time {wall:.0f} s")
+    return 0
