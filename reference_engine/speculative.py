@@ -1,51 +1,58 @@
 """Lossless mode: self-speculative greedy decoding whose output is exactly the pruning-off output.
 
-Each decode step either runs one plain full-model token (exactly what mode "off" runs) or drafts
-k tokens and checks them with ONE full forward pass over k+1 positions:
+Each decode step either runs one plain full-model token (``model.decode_step``, exactly what mode
+"off" runs) or drafts k tokens and checks them with ONE full forward pass over k+1 positions.
 
 - **Draft sources.** Prompt lookup: the last n tokens (n = 3, 2, 1) are looked up in the prompt
-  plus the output so far and the tokens that followed their latest earlier occurrence are copied
-  (an incremental n-gram table, so a lookup is O(1); copying past the end of the sequence repeats
-  the period, LZ77-style, so loops draft well). The pruned path: ``decode_step`` with a static
-  plan that bypasses the calibrated least-harmful quarter of the non-blacklisted blocks (with
-  their linear bypass maps), writing its K/V into the very cache positions the verify pass then
-  overwrites, so drafting needs no second cache.
+  plus the output so far, and the tokens that followed their latest earlier occurrence are copied
+  (an incremental n-gram table: a lookup is O(1); copying past the end repeats the period,
+  LZ77-style, so loops draft well). "copy": when a pass accepted every draft and the verifier's
+  own token also matched the source, the next pass simply continues that span. The pruned path:
+  ``decode_step`` with a static plan bypassing the calibrated least-harmful quarter of the
+  non-blacklisted blocks (with their bypass maps), writing K/V into the very cache positions the
+  verify pass then overwrites, so it needs no second cache. Its plan (calibration) and the
+  protective-degradation checks run only when the cost model first wants a pruned draft.
 - **Verify.** ``verify_forward`` runs every block over [current token, d1..dk] at
-  start = cache.length with a causal mask over the cache. Accepted: the longest prefix of drafts
-  that equals the verifier's argmax, plus the verifier's own next token; the cache is rolled back
-  by setting ``cache.length`` (stale K/V past it is never read: attention reads [:length]).
-- **Adaptive.** Per source (lookup by n, pruned) acceptance is a decayed count of successes and
-  failures pulled towards a prior, so evidence fades and a source that failed is retried now and
-  then. Costs are measured, not assumed: an EMA of the plain step's wall time, of the verify
-  pass's extra cost per position (``beta``, in plain steps) and of a pruned draft step (in plain
-  steps), kept per engine across calls. Each step takes the (source, k) that maximises expected
-  tokens per unit time, E = (1 - a^(k+1)) / (1 - a) over k * draft_cost + 1 + beta * k, and runs
-  a plain step unless that beats 1 by ``min_gain``. On the embedded model on 2 CPU cores a pruned
-  draft still costs ~80% of a full step (the LM head alone is 21% of it) at ~75% acceptance, so
-  the cost model keeps the pruned source off there; prompt lookup carries the speed-up.
+  start = cache.length, causal over the cache. Accepted: the longest prefix of drafts equal to
+  the verifier's argmax, plus the verifier's own next token. Rollback is ``cache.length = ...``:
+  attention reads only [:length], and the next pass overwrites the stale positions.
+- **Adaptive.** Acceptance per source is a decayed count of successes and failures pulled towards
+  a prior (evidence fades, so a source that failed is retried now and then). Costs are measured,
+  per engine and across calls: EMAs of the plain step's wall time, of an S-position verify pass
+  and of a pruned draft step, both in plain steps. Each step takes the (source, k) maximising
+  expected tokens per unit time, (1 - a^(k+1)) / (1 - a) / (k * draft_cost + verify_cost(k+1)),
+  and runs a plain step unless that beats 1 by ``min_gain``: lossless is then plain decoding
+  plus a few probes. Measured on SmolLM2-135M, 1 CPU core: a 2-position pass costs ~1.35 plain
+  steps, 5 positions ~1.7, 13 ~2.4; a pruned draft step ~0.8 (the LM head is 21% of a step) at
+  ~75% acceptance never pays, so prompt lookup carries the speed-up there.
+- **Cheap verify arithmetic.** ``F.linear`` on 2..13 rows made MKL pack each weight matrix (a
+  2-row pass cost ~1.8 plain steps) and SDPA with a mask took its slow math path (~25% of a
+  step): the verify pass writes its products as ``weight @ x^T`` and groups the query heads that
+  share a K/V head into three small batched products instead.
 
-Exactness (why a margin certificate). A pass over k+1 positions multiplies matrices where decode
-multiplies a matrix by a vector; MKL rounds the two differently (rows differ by ~1e-6), and the
-K/V that a verify pass leaves in the cache feed that difference into every later token. So the
-verifier's logits are the off path's logits plus a tiny perturbation, and a near-tie could flip.
-Making the arithmetic identical is not possible in plain PyTorch without giving up the single
-weight read that makes verification cheap (a GEMM row never equals the GEMV bit for bit here),
-and changing mode "off" itself would break its token-for-token equality with ``model.generate``.
-Instead every token chosen from perturbed arithmetic carries a certificate: its top-1 minus
-top-2 logit margin must be at least ``MARGIN_EPS``, far above the largest perturbation measured
-(``scripts/measure_lossless.py`` reports it; on SmolLM2-135M fp32 it was below 1e-4 while
-MARGIN_EPS is 1e-2). A token without a certificate is recomputed exactly: the cache is rolled
-back to the last position whose K/V came from exact (single-token) arithmetic and those tokens
-are replayed through ``decode_step``, which is then bit-for-bit the off path; the replay also
-re-checks every token it passes (``certificate_failures`` counts disagreements, which are then
-corrected; none was ever seen). Measured on the embedded model (48 equivalence prompts + 32
-SQuAD prompts, 64 tokens): see ``scripts/measure_lossless.py``; flips without the certificate
-and mismatches with it are reported there.
+Exactness: a margin certificate. The verify pass multiplies matrices where decode multiplies a
+matrix by a vector; MKL rounds them differently (~1e-6 per product, never bit-equal here), and the
+K/V a verify pass leaves behind carries that into every later token, so verifier logits are the
+off path's plus a small perturbation and a near-tie could flip. Identical arithmetic was measured
+and rejected: running the verify as decode's own matrix-vector products layer by layer is bit-exact
+but costs ~2.7 plain steps for 4 positions (LM head alone), i.e. no speed-up; computing mode
+"off" with the multi-row kernels would break its equality with ``model.generate``. Instead every
+token chosen from perturbed arithmetic must show a top-1 minus top-2 logit margin of at least
+``MARGIN_EPS`` = 2e-3. A flip needs a pairwise logit change above the margin, i.e. above
+2 x max |logit change|; measured on SmolLM2-135M fp32 (``scripts/measure_lossless.py``:
+the off continuation pushed through 2..8-position verify passes), max |logit change| was ~1e-4
+and max margin change 4e-5, so the certificate has a >= 10x safety factor. A token without a
+certificate is recomputed exactly: the cache rolls back to the last position whose K/V came from
+exact single-token arithmetic and the tokens since are replayed through ``decode_step`` (then the
+off path bit for bit); the replay re-checks each token it passes (``certificate_failures``
+counts disagreements, which it then corrects). Without the certificate no flip was seen either;
+the measured rates are in the module docstring of ``scripts/measure_lossless.py``'s output and
+the report. The certificate is calibrated for fp32; half precision perturbs ~1000x more and would
+need a larger MARGIN_EPS (measure it with the script first).
 
-Scope: batch 1 per row (rows run one after another). Batched speculative decoding needs per-row
-acceptance lengths, ragged caches and masks; it is out of scope. Greedy only: lossless output is
-defined as mode "off" at temperature 0 and batch 1 (a batched off call pads and multiplies
-matrices, so its own near-ties can differ from batch 1).
+Scope: batch 1 per row (rows run one after another): batching speculative decoding needs per-row
+acceptance lengths and ragged caches, out of scope. Greedy only, and "equal to off" means off at
+batch 1 (a batched off call pads and multiplies matrices, so its own near-ties can differ).
 
 Must not import the harness (``rsp_bench``).
 """
@@ -63,14 +70,14 @@ import torch.nn.functional as F
 
 from .config import PruningConfig
 from .errors import PromptError
-from .model import KVCache, ModelWeights, attention_mask, block_forward, decode_step, logits_from_hidden, prefill
+from .model import BlockWeights, KVCache, ModelDims, ModelWeights, apply_rope, decode_step, prefill, rms_norm
 
 if TYPE_CHECKING:
     from .engine import Engine, GenerationResult, _Row
 
 Tensor = torch.Tensor
 
-MARGIN_EPS = 1e-2  # logits; the measured perturbation of verify arithmetic is ~100x smaller
+MARGIN_EPS = 2e-3  # logits; >= 10x twice the largest measured perturbation (module docstring)
 DRAFT_SKIP_SHARE = 0.25  # share of blocks the pruned draft bypasses
 COST_EMA = 0.1  # slow: wall times on a shared machine are noisy
 EVIDENCE_DECAY = 0.97  # per step: old acceptance evidence fades, so a failed source is retried
@@ -82,10 +89,12 @@ class DraftPolicy:
 
     lookup / pruned: which draft sources may be used. max_lookup / max_pruned: the longest draft.
     ngram_max: the longest n-gram looked up. min_gain: expected speed-up over a plain step
-    needed before drafting. verify_beta / pruned_cost: pin the cost model (in plain steps; None:
-    measured online). priors: prior acceptance per source ("lookup3", "lookup2", "lookup1",
-    "pruned"), worth ``prior_weight`` observations. force: "lookup" or "pruned" drafts from that
-    source at its longest length on every step it can, ignoring the cost model (tests).
+    needed before drafting. verify_beta / pruned_cost: pin the cost model (a k-draft verify costs
+    1 + verify_beta * k plain steps, a pruned draft token pruned_cost; None: measured online).
+    priors: prior acceptance per source ("copy": continuing a span the last pass copied in full,
+    "lookup3", "lookup2", "lookup1": a fresh n-gram match, "pruned"), worth ``prior_weight``
+    observations. force: "lookup" or "pruned" drafts from that source at its longest length on
+    every step it can, ignoring the cost model (tests).
     margin_eps: the certificate threshold (logits). draft_keep: a fixed keep plan for the pruned
     draft instead of the calibrated one (needs no calibration; skips the degradation checks).
     """
@@ -99,7 +108,7 @@ class DraftPolicy:
     verify_beta: float | None = None
     pruned_cost: float | None = None
     priors: dict[str, float] = field(default_factory=lambda: {
-        "lookup3": 0.6, "lookup2": 0.45, "lookup1": 0.3, "pruned": 0.5})
+        "copy": 0.75, "lookup3": 0.6, "lookup2": 0.45, "lookup1": 0.3, "pruned": 0.5})
     prior_weight: float = 2.0
     force: str | None = None
     margin_eps: float = MARGIN_EPS
@@ -107,27 +116,37 @@ class DraftPolicy:
 
 
 class _Costs:
-    """Measured step costs of one engine, shared by its calls (wall-clock EMAs)."""
+    """Measured step costs of one engine, shared by its calls (wall-clock EMAs, in plain steps)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_positions: int = 64) -> None:
         self.t_plain: float | None = None  # seconds per plain full-model step
-        self.beta = 0.15  # verify: extra plain-steps per extra position (prior until measured)
-        self.pruned: float | None = None  # pruned draft step, in plain steps
+        # verify[S]: an S-position verify pass in plain steps. Prior: measured on 1 CPU core with
+        # SmolLM2-135M (the multi-row products cost a step-up at S=2, then little per position).
+        self.verify = [1.0, 1.0] + [1.3 + 0.1 * (S - 2) for S in range(2, max_positions + 1)]
+        self.pruned: float | None = None  # one pruned draft step
 
     def observe_plain(self, dt: float) -> None:
         self.t_plain = dt if self.t_plain is None else (1 - COST_EMA) * self.t_plain + COST_EMA * dt
 
     def observe_verify(self, positions: int, dt: float) -> None:
-        if self.t_plain is None or positions < 2:
+        if self.t_plain is None or positions >= len(self.verify):
             return
-        obs = min(max((dt / self.t_plain - 1.0) / (positions - 1), 0.0), 3.0)
-        self.beta = (1 - COST_EMA) * self.beta + COST_EMA * obs
+        obs = min(max(dt / self.t_plain, 1.0), 4.0 + positions)
+        self.verify[positions] = (1 - COST_EMA) * self.verify[positions] + COST_EMA * obs
 
     def observe_pruned(self, steps: int, dt: float) -> None:
         if self.t_plain is None or steps < 1:
             return
         obs = min(dt / steps / self.t_plain, 3.0)
         self.pruned = obs if self.pruned is None else (1 - COST_EMA) * self.pruned + COST_EMA * obs
+
+    def verify_costs(self, kmax: int) -> list[float]:
+        """Cost of verifying k = 0..kmax drafts, made non-decreasing (noise must not make a
+        longer pass look cheaper than a shorter one)."""
+        out = [1.0]
+        for k in range(1, kmax + 1):
+            out.append(max(out[-1], self.verify[min(k + 1, len(self.verify) - 1)]))
+        return out
 
 
 _COSTS: "weakref.WeakKeyDictionary[Any, _Costs]" = weakref.WeakKeyDictionary()
@@ -159,17 +178,18 @@ class _Acceptance:
         self.fail *= EVIDENCE_DECAY
 
 
-def expected_gain(a: float, k: int, draft_cost: float, beta: float) -> float:
-    """Expected tokens per plain-step time of a k-token draft at per-token acceptance ``a``."""
+def expected_gain(a: float, k: int, draft_cost: float, verify_cost: float) -> float:
+    """Expected tokens per plain-step time of a k-token draft at per-token acceptance ``a``,
+    when one draft token costs ``draft_cost`` and the (k+1)-position verify ``verify_cost``."""
     a = min(max(a, 0.0), 0.999)
     tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
-    return tokens / (k * draft_cost + 1.0 + beta * k)
+    return tokens / (k * draft_cost + verify_cost)
 
 
-def _best_k(a: float, kmax: int, draft_cost: float, beta: float) -> tuple[int, float]:
+def _best_k(a: float, draft_cost: float, verify: list[float]) -> tuple[int, float]:
     best = (0, 1.0)
-    for k in range(1, kmax + 1):
-        g = expected_gain(a, k, draft_cost, beta)
+    for k in range(1, len(verify)):
+        g = expected_gain(a, k, draft_cost, verify[k])
         if g > best[1]:
             best = (k, g)
     return best
@@ -193,19 +213,68 @@ class NgramIndex:
             if end - n >= 0:
                 self.table[n][tuple(seq[end - n:end])] = end
 
-    def draft(self, n: int, k: int) -> list[int] | None:
-        """The k tokens that followed the latest earlier occurrence of the last n tokens."""
+    def match(self, n: int) -> int | None:
+        """Where the tokens after the latest earlier occurrence of the last n tokens start."""
         seq = self.seq
         if len(seq) < n:
             return None
-        j = self.table[n].get(tuple(seq[len(seq) - n:]))
-        if j is None:
-            return None
-        out: list[int] = []
+        return self.table[n].get(tuple(seq[len(seq) - n:]))
+
+    def copy(self, j: int, k: int) -> list[int]:
+        """k tokens from position j on; past the end the copy repeats itself (LZ77-style)."""
+        seq, out = self.seq, []
         for i in range(k):
             src = j + i
             out.append(seq[src] if src < len(seq) else out[src - len(seq)])
         return out
+
+    def draft(self, n: int, k: int) -> list[int] | None:
+        """The k tokens that followed the latest earlier occurrence of the last n tokens."""
+        j = self.match(n)
+        return None if j is None else self.copy(j, k)
+
+
+def _lin(x: Tensor, weight: Tensor) -> Tensor:
+    """x [S, D] times weight [N, D] transposed, as weight @ x^T.
+
+    Why not F.linear: for 2..13 rows MKL's GEMM path packs each weight matrix first, nearly
+    doubling a verify pass (~1.8 plain steps at 2 positions). As weight @ x^T (tall and skinny)
+    the product streams the weight about as decode does (~1.35 plain steps at 2 positions).
+    """
+    return (weight @ x.t()).t()
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+    """Grouped-query attention of q [H, S, hd] over k, v [KV, T, hd] with an additive bias [S, T].
+
+    Why not SDPA: with an explicit mask the CPU SDPA takes its math path, which repeats K/V for
+    every query head and cost ~25% of a plain step here; grouping the queries that share a K/V
+    head is three small batched products.
+    """
+    H, S, hd = q.shape
+    KV, T, _ = k.shape
+    G = H // KV
+    scores = (q.reshape(KV, G * S, hd) @ k.transpose(1, 2)) * hd ** -0.5
+    probs = torch.softmax(scores.view(KV, G, S, T) + bias, dim=-1)
+    return (probs.view(KV, G * S, T) @ v).view(H, S, hd)
+
+
+def _verify_block(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, x: Tensor, start: int,
+                  cos: Tensor, sin: Tensor, bias: Tensor) -> Tensor:
+    """model.block_forward for batch 1, x [S, D], with its products written as ``_lin``."""
+    S = x.shape[0]
+    qkv = _lin(rms_norm(x, blk.attn_norm, dims.rms_eps), blk.wqkv)
+    q, k, v = qkv.split((dims.q_dim, dims.kv_dim, dims.kv_dim), dim=-1)
+    q = apply_rope(q.reshape(S, dims.n_heads, dims.head_dim).transpose(0, 1), cos, sin)
+    k = apply_rope(k.reshape(S, dims.n_kv_heads, dims.head_dim).transpose(0, 1), cos, sin)
+    v = v.reshape(S, dims.n_kv_heads, dims.head_dim).transpose(0, 1)
+    end = start + S
+    cache.k[layer][0, :, start:end] = k
+    cache.v[layer][0, :, start:end] = v
+    attn = _attend(q, cache.k[layer][0, :, :end], cache.v[layer][0, :, :end], bias)
+    h = x + _lin(attn.transpose(0, 1).reshape(S, dims.q_dim), blk.wo)
+    gate, up = _lin(rms_norm(h, blk.mlp_norm, dims.rms_eps), blk.w_gate_up).chunk(2, dim=-1)
+    return h + _lin(F.silu(gate) * up, blk.w_down)
 
 
 def verify_forward(w: ModelWeights, cache: KVCache, token_ids: list[int], start: int,
@@ -216,13 +285,15 @@ def verify_forward(w: ModelWeights, cache: KVCache, token_ids: list[int], start:
     """
     S = len(token_ids)
     pos = torch.arange(start, start + S)
-    h = F.embedding(torch.tensor([token_ids]), w.embed)
-    cos, sin = w.rope_cos[pos][None, None], w.rope_sin[pos][None, None]
-    mask = attention_mask(key_valid, start, S)
+    h = F.embedding(torch.tensor(token_ids), w.embed)
+    cos, sin = w.rope_cos[pos], w.rope_sin[pos]
+    keys = torch.arange(start + S)
+    hidden = (keys[None, :] > pos[:, None]) | ~key_valid[0, :start + S]  # future or padding
+    bias = torch.zeros(S, start + S).masked_fill_(hidden, float("-inf"))
     for layer, blk in enumerate(w.blocks):
-        h = block_forward(blk, w.dims, cache, layer, h, start, cos, sin, mask, causal=False)
+        h = _verify_block(blk, w.dims, cache, layer, h, start, cos, sin, bias)
     cache.length = start + S
-    return logits_from_hidden(w, h[0])
+    return _lin(rms_norm(h, w.final_norm, w.dims.rms_eps), w.lm_head)
 
 
 def draft_plan(engine: "Engine", cfg: PruningConfig) -> list[bool]:
@@ -238,42 +309,70 @@ def draft_plan(engine: "Engine", cfg: PruningConfig) -> list[bool]:
     return keep
 
 
-def _pruned_cost_prior(w: ModelWeights, keep: list[bool]) -> float:
-    """Weight bytes a pruned step reads relative to a full step (bypassed blocks still read K/V)."""
+def _pruned_cost_prior(w: ModelWeights, keep: list[bool] | None) -> float:
+    """Weight bytes a pruned step reads relative to a full step (bypassed blocks still read K/V);
+    before the plan exists, as if DRAFT_SKIP_SHARE of the blocks were bypassed."""
+    L = w.dims.n_layers
     blk = w.bytes_per_block()
     kv = w.blocks[0].wkv.numel() * w.blocks[0].wkv.element_size()
     head = w.lm_head.numel() * w.lm_head.element_size()
-    kept = sum(keep)
-    return (kept * blk + (len(keep) - kept) * kv + head) / (len(keep) * blk + head)
+    kept = sum(keep) if keep is not None else L - max(1, round(DRAFT_SKIP_SHARE * L))
+    return (kept * blk + (L - kept) * kv + head) / (L * blk + head)
 
 
 class _RowDecoder:
     """Greedy self-speculative decoding of one prompt (batch 1)."""
 
-    def __init__(self, engine: "Engine", ids: list[int], max_new: int, policy: DraftPolicy,
-                 costs: _Costs, keep: list[bool] | None, detail: list[str] | None, request: int) -> None:
-        self.engine, self.w, self.policy, self.costs = engine, engine.weights, policy, costs
-        self.keep, self.detail, self.request = keep, detail, request
+    def __init__(self, engine: "Engine", row: "_Row", max_new: int, policy: DraftPolicy, cfg: PruningConfig,
+                 costs: _Costs, detail: list[str] | None, request: int) -> None:
+        self.engine, self.w, self.policy, self.cfg, self.costs = engine, engine.weights, policy, cfg, costs
+        self.row, self.detail, self.request = row, detail, request
+        ids = row.ids
         self.P, self.max_new = len(ids), max_new
+        # The pruned draft: "off", "fixed" (policy.draft_keep) or "pending" until first wanted,
+        # then "ready" or "off": its plan needs the calibration and its use the degradation checks,
+        # which would only cost time on the (common) requests where drafting from it never pays.
+        self.keep: list[bool] | None = list(policy.draft_keep) if policy.draft_keep is not None else None
+        if not (policy.pruned and cfg.prunes):
+            self.pruned_state = "off"
+        else:
+            self.pruned_state = "fixed" if self.keep is not None else "pending"
+        self.hidden: list[Tensor] | None = None  # prefill's residual streams, for the checks
+        self.setup_time = 0.0
         self.cache = KVCache.allocate(engine.dims, 1, len(ids) + max_new)
         self.key_valid = torch.ones(1, self.cache.capacity, dtype=torch.bool)
         self.index = NgramIndex(ids, policy.ngram_max)
         self.clean = 0  # positions [0, clean) hold K/V from exactly the off path's arithmetic
         self.out: list[int] = []
-        self.acc = {name: _Acceptance(policy.priors.get(name, 0.3), policy.prior_weight)
-                    for name in [f"lookup{n}" for n in range(1, policy.ngram_max + 1)] + ["pruned"]}
+        self.copy_from: int | None = None  # source position when the output is copying a span
+        names = ["copy"] + [f"lookup{n}" for n in range(1, policy.ngram_max + 1)] + ["pruned"]
+        self.acc = {name: _Acceptance(policy.priors.get(name, 0.3), policy.prior_weight) for name in names}
         self.bypassed = 0
         self.plain_steps = self.repairs = self.replayed = self.certificate_failures = 0
         self.step_times: list[float] = []
         self.block_trace: list[int] = []
 
     # ---- the three kinds of step; each appends >= 1 token through _emit ----
-    def prefill(self, hidden: list[Tensor] | None) -> Tensor:
+    def prefill(self) -> Tensor:
         ids = self.index.seq
+        self.hidden = [] if self.pruned_state == "pending" else None
         logits = prefill(self.w, self.cache, torch.tensor([ids]), torch.arange(self.P)[None],
-                         self.key_valid, hidden_out=hidden)
+                         self.key_valid, hidden_out=self.hidden)
         self.clean = self.P
         return logits[0]
+
+    def _pruned_ready(self) -> bool:
+        """Build the calibrated draft plan and run the degradation checks, once, when wanted."""
+        if self.pruned_state == "pending":
+            t0 = time.perf_counter()
+            self.engine._check_degradation([self.row], self.hidden, self.engine.calibration())
+            self.hidden = None
+            if self.row.degraded_reason is None:
+                self.keep, self.pruned_state = draft_plan(self.engine, self.cfg), "ready"
+            else:  # odd input: no pruned drafts (the output is exact either way)
+                self.pruned_state = "off"
+            self.setup_time += time.perf_counter() - t0
+        return self.pruned_state in ("ready", "fixed")
 
     def run(self, first_logits: Tensor) -> None:
         self._emit([int(first_logits.argmax())])
@@ -296,7 +395,7 @@ class _RowDecoder:
 
     @property
     def done(self) -> bool:
-        return len(self.out) >= self.max_new or (self.out and self.out[-1] == self.engine.eos_id)
+        return len(self.out) >= self.max_new or (bool(self.out) and self.out[-1] == self.engine.eos_id)
 
     def _emit(self, tokens: list[int]) -> int:
         n = 0
@@ -320,6 +419,7 @@ class _RowDecoder:
         logits = decode_step(self.w, self.cache, torch.tensor([self.out[-1]]), torch.tensor([start]),
                              self.key_valid, None, None, None)[0]
         self.plain_steps += 1
+        self.copy_from = None
         L = self.engine.dims.n_layers
         if not contaminated:
             self.clean = self.cache.length
@@ -338,11 +438,14 @@ class _RowDecoder:
         start = self.cache.length
         L = self.engine.dims.n_layers
         blocks = L
+        src = None
         if source == "pruned":
             drafts = self._pruned_drafts(k)
             blocks += k * sum(self.keep)
         else:
-            drafts = self.index.draft(int(source[len("lookup"):]), k)
+            src = self.copy_from if source == "copy" else self.index.match(int(source[len("lookup"):]))
+            drafts = self.index.copy(src, k + 1)
+            follow, drafts = drafts[k], drafts[:k]
         t0 = time.perf_counter()
         logits = verify_forward(self.w, self.cache, [self.out[-1]] + drafts, start, self.key_valid)
         top = logits.topk(2, dim=-1)
@@ -367,6 +470,9 @@ class _RowDecoder:
             self.detail.append(json.dumps({"event": "verify", "request": self.request, "token": len(self.out),
                                            "source": source, "drafted": k, "accepted": accepted,
                                            "certified": certified}))
+        # When every draft and the verifier's own token match the source, the output is copying
+        # a span: the next pass continues the copy (its acceptance is tracked on its own).
+        self.copy_from = src + k + 1 if src is not None and certified and tokens == drafts + [follow] else None
         self._emit(tokens)
         if not certified and not self.done:
             blocks += self._repair()
@@ -406,6 +512,7 @@ class _RowDecoder:
                 del self.step_times[max(len(self.out) - 1, 0):]
                 del self.block_trace[max(len(self.out) - 1, 0):]
                 self.index = NgramIndex(seq[:p + 1], self.policy.ngram_max)
+                self.copy_from = None
                 break
         self.replayed += replayed
         self.clean = self.cache.length
@@ -418,31 +525,35 @@ class _RowDecoder:
         if room < 1:
             return None
         pol = self.policy
-        if pol.force == "pruned" and self.keep is not None:
+        if pol.force == "pruned" and self.pruned_state != "off" and self._pruned_ready():
             return "pruned", min(pol.max_pruned, room)
-        beta = pol.verify_beta if pol.verify_beta is not None else self.costs.beta
+        kmax = min(max(pol.max_lookup, pol.max_pruned), room)
+        if pol.verify_beta is not None:
+            verify = [1.0 + pol.verify_beta * k for k in range(kmax + 1)]
+        else:
+            verify = self.costs.verify_costs(kmax)
         best: tuple[str, int] | None = None
         best_gain = pol.min_gain
         if pol.lookup:
-            for n in range(pol.ngram_max, 0, -1):
-                if self.index.draft(n, 1) is None:
-                    continue
+            names = ["copy"] if self.copy_from is not None else []
+            names += [f"lookup{n}" for n in range(pol.ngram_max, 0, -1) if self.index.match(n) is not None]
+            for name in names:
                 if pol.force == "lookup":
-                    return f"lookup{n}", min(pol.max_lookup, room)
-                k, g = _best_k(self.acc[f"lookup{n}"].rate, min(pol.max_lookup, room), 0.0, beta)
+                    return name, min(pol.max_lookup, room)
+                k, g = _best_k(self.acc[name].rate, 0.0, verify[:min(pol.max_lookup, room) + 1])
                 if g > best_gain:
-                    best, best_gain = (f"lookup{n}", k), g
-        if pol.pruned and self.keep is not None and pol.force is None:
+                    best, best_gain = (name, k), g
+        if self.pruned_state != "off" and pol.force is None:
             cost = pol.pruned_cost if pol.pruned_cost is not None else self.costs.pruned
             if cost is None:
                 cost = _pruned_cost_prior(self.w, self.keep)
-            k, g = _best_k(self.acc["pruned"].rate, min(pol.max_pruned, room), cost, beta)
-            if g > best_gain:
+            k, g = _best_k(self.acc["pruned"].rate, cost, verify[:min(pol.max_pruned, room) + 1])
+            if g > best_gain and self._pruned_ready():
                 best = ("pruned", k)
         return best
 
     def stats(self) -> dict[str, Any]:
-        lookup = [a for name, a in self.acc.items() if name.startswith("lookup")]
+        lookup = [a for name, a in self.acc.items() if name != "pruned"]
         per_source = {
             "prompt_lookup": _source_stats(sum(a.drafted for a in lookup), sum(a.accepted for a in lookup),
                                            sum(a.passes for a in lookup)),
@@ -450,8 +561,9 @@ class _RowDecoder:
                                     self.acc["pruned"].passes),
         }
         for name, a in self.acc.items():
-            if name.startswith("lookup"):
-                per_source["prompt_lookup"][f"n{name[len('lookup'):]}"] = _source_stats(a.drafted, a.accepted, a.passes)
+            if name != "pruned":  # the breakdown: a continued copy, then fresh matches by n
+                key = name if name == "copy" else f"n{name[len('lookup'):]}"
+                per_source["prompt_lookup"][key] = _source_stats(a.drafted, a.accepted, a.passes)
         drafted = sum(a.drafted for a in self.acc.values())
         accepted = sum(a.accepted for a in self.acc.values())
         return {
@@ -477,7 +589,7 @@ def generate_lossless(engine: "Engine", rows: list["_Row"], max_new_tokens: int,
     policy = policy or DraftPolicy()
     if policy.force not in (None, "lookup", "pruned"):
         raise ValueError(f"DraftPolicy.force must be None, 'lookup' or 'pruned', got {policy.force!r}")
-    w, dims = engine.weights, engine.dims
+    dims = engine.dims
     for i, r in enumerate(rows):
         if not r.ids:
             raise PromptError(f"prompt {i} encodes to no tokens: {r.prompt!r}")
@@ -486,24 +598,15 @@ def generate_lossless(engine: "Engine", rows: list["_Row"], max_new_tokens: int,
                 f"prompt {i} is {len(r.ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
                 f"model's context of {dims.max_positions} tokens")
     costs = _COSTS.setdefault(engine, _Costs())
-    use_pruned = policy.pruned and cfg.prunes
     detail: list[str] | None = [] if cfg.log_level == "DETAILED" else None
     results = []
     for b, r in enumerate(rows):
         t_start = time.perf_counter()
-        calibrated = use_pruned and policy.draft_keep is None
-        keep = (list(policy.draft_keep) if policy.draft_keep is not None else draft_plan(engine, cfg)) if use_pruned else None
-        dec = _RowDecoder(engine, r.ids, max_new_tokens, policy, costs, keep, detail, b)
-        hidden: list[Tensor] | None = [] if calibrated else None
-        first = dec.prefill(hidden)
-        if calibrated:
-            # Odd input turns the pruned drafts off (the output is exact either way).
-            engine._check_degradation([r], hidden, engine.calibration())
-            if r.degraded_reason is not None:
-                dec.keep = None
-        del hidden
+        dec = _RowDecoder(engine, r, max_new_tokens, policy, cfg, costs, detail, b)
+        first = dec.prefill()
         t_first = time.perf_counter()
         dec.run(first)
+        dec.hidden = None
         t_end = time.perf_counter()
         n_tok = len(dec.out)
         stats = {
@@ -518,6 +621,7 @@ def generate_lossless(engine: "Engine", rows: list["_Row"], max_new_tokens: int,
             "prompt_tokens": len(r.ids),
             "executed_blocks_per_step": dec.block_trace,
             "router_time_s": 0.0,
+            "router_setup_time_s": dec.setup_time,  # inside decode: checks run when first needed
             "prefill_time_s": t_first - t_start,
             "decode_time_s": t_end - t_first,
             "decode_step_times_s": dec.step_times,

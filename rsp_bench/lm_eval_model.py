@@ -43,7 +43,10 @@ text at the first of the request's ``until`` strings (the engine has no stop str
 decodes up to ``max_gen_toks`` or EOS and the cut happens afterwards). ``loglikelihood`` and
 ``loglikelihood_rolling`` run ``engine.teacher_forced``: the context is prefilled in full and
 every continuation token is a decode step with pruning applied exactly as in generation; the
-log-probabilities come from ``rsp_bench.metrics.token_nll``.
+log-probabilities come from ``rsp_bench.metrics.token_nll``. A context with no text (a rolling
+window's first, which is only the prefix token) would make the engine's protective degradation
+turn pruning off for the whole document, so its first 16 tokens are scored with pruning off and
+the rest with pruning on (``RSPLM._score``).
 
 Pruning stats (decode tokens, block-steps bypassed, bypass ratio, degraded requests and why)
 are summed over every request, exposed as ``RSPLM.pruning_stats``, added to lm-eval's results
@@ -87,6 +90,8 @@ DEFAULT_MAX_LENGTH = 2048
 _NEUTRAL_GEN_KWARGS = {"top_p": (1, 1.0, None), "top_k": (0, None), "num_beams": (1, None),
                        "repetition_penalty": (1, 1.0, None)}
 _EMBEDDED_NAMES = (None, "", "embedded", "default")
+# Continuation tokens scored with pruning off when the context has no text (RSPLM._score).
+WARMUP_TOKENS = 16
 
 
 def _as_bool_or_none(value: Any, name: str) -> bool:
@@ -230,9 +235,10 @@ class RSPLM(LM):
         return {"requests": Counter(), "decode_tokens": 0, "layers_bypassed": 0, "degraded": 0,
                 "degraded_reasons": Counter()}
 
-    def _add_stats(self, kind: str, stats: dict[str, Any]) -> None:
+    def _add_stats(self, kind: str, stats: dict[str, Any], count_request: bool = True) -> None:
         t = self._totals
-        t["requests"][kind] += 1
+        if count_request:
+            t["requests"][kind] += 1
         t["decode_tokens"] += int(stats.get("total_tokens", 0))
         t["layers_bypassed"] += int(stats.get("layers_bypassed", 0))
         if stats.get("degraded"):
@@ -292,7 +298,26 @@ class RSPLM(LM):
         return ctx, whole[len(ctx):]
 
     def _score(self, context_ids: list[int], continuation_ids: list[int], kind: str) -> tuple[float, bool]:
-        """Summed log-probability of the continuation and whether greedy decoding gives it."""
+        """Summed log-probability of the continuation and whether greedy decoding gives it.
+
+        A context without text (only the prefix token: a rolling window's first, or an empty
+        loglikelihood context) gives the router nothing to route on, and the engine's protective
+        degradation turns such a request's pruning off as a whole. So its first
+        ``WARMUP_TOKENS`` continuation tokens are scored with pruning off, and the rest with
+        those tokens as the prompt and pruning applied: the same log-likelihood, split by the
+        chain rule, with pruning on every decode step it can act on.
+        """
+        if (self.config.prunes and len(continuation_ids) > 1
+                and not self.engine.decode(context_ids).strip()):
+            k = min(WARMUP_TOKENS, len(continuation_ids) - 1)
+            head = self._score_one(context_ids, continuation_ids[:k], kind, self.config.override(mode="off"))
+            tail = self._score_one(context_ids + continuation_ids[:k], continuation_ids[k:], kind, self.config,
+                                   count_request=False)
+            return head[0] + tail[0], head[1] and tail[1]
+        return self._score_one(context_ids, continuation_ids, kind, self.config)
+
+    def _score_one(self, context_ids: list[int], continuation_ids: list[int], kind: str,
+                   config: "PruningConfig", count_request: bool = True) -> tuple[float, bool]:
         import torch
 
         from rsp_bench.metrics import token_nll
@@ -304,8 +329,8 @@ class RSPLM(LM):
         # HF model keeps the last max_length + 1 (context cut from the left).
         keep = self.max_length + 1 - len(continuation_ids)
         context_ids = context_ids[-keep:] if len(context_ids) > keep else context_ids
-        res = self.engine.teacher_forced(context_ids, continuation_ids, self.config)
-        self._add_stats(kind, res.stats)
+        res = self.engine.teacher_forced(context_ids, continuation_ids, config)
+        self._add_stats(kind, res.stats, count_request)
         target = torch.tensor(continuation_ids, dtype=torch.long)
         logprob = -float(token_nll(res.logits, target).sum())
         greedy = bool((res.logits.argmax(-1) == target).all())

@@ -11,10 +11,14 @@ What one sweep measures (sensitivities evenly spaced over [0, 1], 0 included):
             its own greedy continuation of the equivalence prompts (pooled over tokens, CI by a
             cluster bootstrap over prompts); squad_f1: SQuAD F1 of the answers; json_field_f1:
             mean per-document field F1. All through rsp_bench.quality / rsp_bench.metrics.
-  speed     decode speed-up over pruning off, measured interleaved in one process
-            (rsp_bench.speed.InterleavedBench: every sensitivity in rotated rounds, the ratio of
-            per-round median step times, bootstrap CI), plus decode tokens/s and the bypass
-            ratio of those calls.
+  speed     decode speed-up over pruning off, measured on the *same requests*, interleaved in
+            one process: round i of an rsp_bench.speed.InterleavedBench runs item i under every
+            sensitivity in rotated order, each call timed by the engine's own step times
+            (``decode_step_times_s``); speed-up = median over rounds of off's median step time
+            / the configuration's (metrics.interleaved_speedup, bootstrap CI over rounds), plus
+            decode tokens/s and the bypass ratio of those calls. For top1_agreement the timed
+            steps are the teacher-forced decode steps (same decode_step, router and bypass as
+            generation; no sampling), for the extraction metrics the generation itself.
 Sensitivity 0 *is* pruning off (``PruningConfig``: 0 disables pruning), so the s=0 row is the
 reference: its speed-up is 1 by definition and its top-1 agreement is 1. Every configuration
 pins the hardware watermark to 0 (rsp_bench.engines.pruning_config), so the curve does not
@@ -47,10 +51,13 @@ Files written to ``--out`` (default results/tune), each atomically (rsp_bench.st
   tune.png  quality and speed-up against sensitivity with their CIs, knee and recommendation
             (matplotlib Agg, default style, no Software/date metadata: deterministic bytes)
 
-Default (quick) cost, in decode steps of the model, batch 1: quality 8 prompts x 24 tokens,
-generated once unpruned and teacher-forced once per sensitivity > 0 (about 1,350 steps); speed
-6 sensitivities x 3 rounds x 32 tokens (about 600 steps); about 2,000 steps in all, plus the
-model load. ``--full``: 11 sensitivities, 48 prompts x 64 tokens, 5 rounds x 2 prompts.
+Default (quick) cost, in decode steps of the model at batch 1: 8 equivalence prompts x 16
+tokens generated once unpruned (128 steps), then teacher-forced under 6 sensitivities (768
+steps): about 900 steps plus 56 prefills and the model load, on one torch thread (``--threads``).
+On the embedded model that is about a minute on an idle 2-core machine (DESIGN.md: ~35 ms per
+step). Measured on this shared machine at load 7-8 (five other jobs on two cores, ~0.7 s per
+step): 24 tokens per prompt (1,350 steps) took 17 min, which is why the default is 16.
+``--full``: 11 sensitivities, 48 prompts x 64 tokens (about 37,000 steps: a dedicated runner).
 
 Must NOT import pytest; torch, transformers and the engine are imported only by a sweep (not
 by ``recommend`` / ``recommend_from_table``, which need the standard library alone), so
@@ -96,23 +103,19 @@ _BUDGET_SLACK = 1e-9
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """How big one sweep is. ``items``/``max_new_tokens``: per quality metric."""
+    """How big one sweep is: sensitivities, and per quality metric the items (prompts,
+    questions, documents: also the interleaved speed rounds) and new tokens per item."""
 
     steps: int
     items: Mapping[str, int]
     max_new_tokens: Mapping[str, int]
-    speed_prompts: int
-    speed_tokens: int
-    speed_rounds: int
     name: str
 
 
 QUICK = TuneSettings(steps=6, items={"top1_agreement": 8, "squad_f1": 12, "json_field_f1": 6},
-                     max_new_tokens={"top1_agreement": 24, "squad_f1": 16, "json_field_f1": 64},
-                     speed_prompts=1, speed_tokens=32, speed_rounds=3, name="quick")
+                     max_new_tokens={"top1_agreement": 16, "squad_f1": 16, "json_field_f1": 64}, name="quick")
 FULL = TuneSettings(steps=11, items={"top1_agreement": 48, "squad_f1": 100, "json_field_f1": 60},
-                    max_new_tokens={"top1_agreement": 64, "squad_f1": 16, "json_field_f1": 64},
-                    speed_prompts=2, speed_tokens=64, speed_rounds=5, name="full")
+                    max_new_tokens={"top1_agreement": 64, "squad_f1": 16, "json_field_f1": 64}, name="full")
 
 
 def sweep_sensitivities(steps: int) -> list[float]:
@@ -443,120 +446,161 @@ def _log(message: str) -> None:
     print(f"[tune] {message}", file=sys.stderr, flush=True)
 
 
-def _quality_top1(engine: Any, sensitivities: Sequence[float], n: int, max_new: int,
-                  progress: Callable[[str], None]) -> dict[float, tuple[float, float, float, int]]:
-    """Teacher-forced top-1 agreement per sensitivity on the equivalence prompts."""
-    from rsp_bench import datasets as ds
-    from rsp_bench import metrics as m
-    from rsp_bench.engines import ConfigSpec, ReferenceAdapter, format_config_id, pruning_config
-    from rsp_bench.quality import ReferenceOutputs, teacher_forced_all
+def _spec(s: float) -> Any:
+    from rsp_bench.engines import ConfigSpec, format_config_id, pruning_config
 
-    adapter = ReferenceAdapter(engine)
-    off = ConfigSpec("reference/off", "reference", "off", None, {}, pruning_config("off"))
-    prompts = [p.text for p in ds.quick_subset(ds.load_prompts(), n)]
-    progress(f"reference: {len(prompts)} prompts x {max_new} tokens, generated and teacher-forced unpruned")
-    reference = ReferenceOutputs(adapter, off).get("tune", prompts, max_new, with_logits=True)
-    lengths = [len(r.token_ids) for r in reference]
-    if min(lengths) < 1:
-        raise HarnessInputError("an unpruned reference continuation is empty; use other prompts")
-    ref_logits = [r.logits for r in reference]
-    out: dict[float, tuple[float, float, float, int]] = {}
+    if s == 0.0:  # sensitivity 0 disables pruning: it is the "off" configuration
+        return ConfigSpec("reference/off", "reference", "off", None, {}, pruning_config("off"))
+    return ConfigSpec(format_config_id("reference", "lossy", s), "reference", "lossy", s, {},
+                      pruning_config("lossy", s))
+
+
+def _timing(stats: Mapping[str, Any], tokens: int, what: str) -> Any:
+    """A CallTiming from the engine's own stats of one request (rsp_bench.speed's convention:
+    ttft = prefill_time_s, one step time per decode step)."""
+    from rsp_bench.speed import CallTiming
+
+    missing = [k for k in ("prefill_time_s", "decode_step_times_s") if k not in stats]
+    if missing:
+        raise HarnessInputError(f"engine stats lack {missing}: tune times the engine by its own stats")
+    counts = None
+    if all(k in stats for k in ("layers_bypassed", "total_tokens", "blocks")):
+        counts = [(int(stats["layers_bypassed"]), int(stats["total_tokens"]), int(stats["blocks"]))]
+    return CallTiming(ttft_s=float(stats["prefill_time_s"]), step_times_s=[float(t) for t in stats["decode_step_times_s"]],
+                      batch=1, new_tokens=tokens, method=f"engine stats ({what})", bypass_counts=counts)
+
+
+class _ReplayAdapter:
+    """Answers each prompt with the output already generated for it (so rsp_bench.quality scores
+    the outputs whose speed was measured, without generating them twice)."""
+
+    name = "reference"
+    modes = ("off", "lossy")
+    batch_size = 1
+
+    def __init__(self, by_prompt: Mapping[str, Any]) -> None:
+        self.by_prompt = by_prompt
+
+    def generate(self, prompts: list[str], max_new_tokens: int, spec: Any) -> list[Any]:
+        return [self.by_prompt[p] for p in prompts]
+
+    def teacher_forced_logits(self, *args: Any) -> Any:
+        raise HarnessInputError("replayed outputs have no teacher-forced logits")
+
+
+def _interleaved(sensitivities: Sequence[float], n: int, run_one: Callable[[float, int], Any],
+                 progress: Callable[[str], None]) -> Any:
+    """One InterleavedBench whose round i runs item i under every sensitivity, in rotated order;
+    ``run_one(s, i)`` does the work, keeps what quality needs and returns the CallTiming."""
+    from rsp_bench.speed import InterleavedBench
+
+    def make(s: float) -> Callable[[], Any]:
+        counter = iter(range(n))  # each configuration runs exactly once per round
+        return lambda: run_one(s, next(counter))
+
+    bench = InterleavedBench({f"s={s:.4f}": make(s) for s in sensitivities})
+    for i in range(n):
+        bench.run_round()
+        progress(f"item {i + 1}/{n} done under all {len(sensitivities)} sensitivities")
+    return bench
+
+
+def _speed_figures(bench: Any, sensitivities: Sequence[float]) -> dict[float, dict[str, Any]]:
+    """Speed-up of each sensitivity over s=0 (pairs: the rounds), tokens/s and bypass ratio."""
+    from rsp_bench import metrics as m
+
+    base = f"s={0.0:.4f}"
+    out: dict[float, dict[str, Any]] = {}
     for s in sensitivities:
+        name = f"s={s:.4f}"
+        counts = [c for t in bench.samples(name) for c in (t.bypass_counts or [])]
+        ratio = m.bypass_ratio(sum(c[0] for c in counts), counts[0][2], sum(c[1] for c in counts)) if counts else 0.0
         if s == 0.0:
-            # Sensitivity 0 is pruning off: the reference agrees with itself on every token.
-            out[s] = (1.0, 1.0, 1.0, sum(lengths))
-            continue
-        progress(f"top-1 agreement at sensitivity {s:g}")
-        spec = ConfigSpec(format_config_id("reference", "lossy", s), "reference", "lossy", s, {},
-                          pruning_config("lossy", s))
-        cand = teacher_forced_all(adapter, spec, reference)
-        matches = [float(m.top1_matches(r, c).sum()) for r, c in zip(ref_logits, cand)]
-        value, lo, hi = m.bootstrap_ratio_ci(matches, lengths)
-        out[s] = (m.top1_agreement(ref_logits, cand), lo, hi, sum(lengths))
+            pairs = len([t for t in bench.samples(name) if t.steps])
+            sp = {"ratio": 1.0, "lo": 1.0, "hi": 1.0, "pairs": pairs}  # off against itself, by definition
+        else:
+            sp = bench.speedup(base, name)
+        out[s] = {"speedup": sp["ratio"], "lo": sp["lo"], "hi": sp["hi"], "pairs": int(sp["pairs"]),
+                  "tokens_per_s": bench.summary(name)["decode_tokens_per_s"], "bypass_ratio": ratio}
     return out
 
 
-def _quality_extraction(engine: Any, metric: str, sensitivities: Sequence[float], n: int, max_new: int,
-                        progress: Callable[[str], None]) -> dict[float, tuple[float, float, float, int]]:
-    """SQuAD F1 or JSON field F1 per sensitivity (rsp_bench.quality.extraction_metrics)."""
+def _sweep_top1(engine: Any, sensitivities: Sequence[float], n: int, max_new: int,
+                progress: Callable[[str], None]) -> tuple[dict[float, tuple[float, float, float, int]], Any]:
+    """Teacher-forced top-1 agreement, and the speed of the same teacher-forced decode steps."""
     from rsp_bench import datasets as ds
-    from rsp_bench.engines import ConfigSpec, ReferenceAdapter, format_config_id, pruning_config
-    from rsp_bench.quality import extraction_metrics
+    from rsp_bench import metrics as m
+    from rsp_bench.engines import ReferenceAdapter
+    from rsp_bench.quality import ReferenceOutputs
+
+    adapter = ReferenceAdapter(engine)
+    prompts = [p.text for p in ds.quick_subset(ds.load_prompts(), n)]
+    progress(f"reference: {len(prompts)} prompts x {max_new} tokens generated unpruned")
+    reference = ReferenceOutputs(adapter, _spec(0.0)).get("tune", prompts, max_new)
+    lengths = [len(r.token_ids) for r in reference]
+    if min(lengths) < 1:
+        raise HarnessInputError("an unpruned reference continuation is empty; use other prompts")
+    logits: dict[float, list[Any]] = {s: [None] * n for s in sensitivities}
+    specs = {s: _spec(s) for s in sensitivities}
+
+    def run_one(s: float, i: int) -> Any:
+        ref = reference[i]
+        got, stats = adapter.teacher_forced_logits(ref.prompt_ids, ref.token_ids, specs[s])
+        logits[s][i] = got
+        return _timing(stats, len(ref.token_ids), "teacher-forced decode steps")
+
+    progress(f"teacher forcing the reference under {len(sensitivities)} sensitivities, interleaved")
+    bench = _interleaved(sensitivities, n, run_one, progress)
+    ref_logits = logits[0.0]  # sensitivity 0 is pruning off: these are the reference logits
+    quality = {}
+    for s in sensitivities:
+        matches = [float(m.top1_matches(r, c).sum()) for r, c in zip(ref_logits, logits[s])]
+        _, lo, hi = m.bootstrap_ratio_ci(matches, lengths)
+        quality[s] = (m.top1_agreement(ref_logits, logits[s]), lo, hi, sum(lengths))
+    return quality, bench
+
+
+def _sweep_extraction(engine: Any, metric: str, sensitivities: Sequence[float], n: int, max_new: int,
+                      progress: Callable[[str], None]) -> tuple[dict[float, tuple[float, float, float, int]], Any]:
+    """SQuAD F1 or JSON field F1 (rsp_bench.quality.extraction_metrics), and the speed of the
+    same generations."""
+    from rsp_bench import datasets as ds
+    from rsp_bench.engines import ReferenceAdapter
+    from rsp_bench.quality import extraction_metrics, extraction_prompts
 
     adapter = ReferenceAdapter(engine)
     squad = ds.quick_subset(ds.load_squad(), n) if metric == "squad_f1" else []
     docs = ds.quick_subset(ds.load_structured(), n) if metric == "json_field_f1" else []
-    out: dict[float, tuple[float, float, float, int]] = {}
+    squad_prompts, json_prompts = extraction_prompts(squad, docs)
+    prompts = squad_prompts or json_prompts
+    outputs: dict[float, dict[str, Any]] = {s: {} for s in sensitivities}
+    specs = {s: _spec(s) for s in sensitivities}
+
+    def run_one(s: float, i: int) -> Any:
+        [out] = adapter.generate([prompts[i]], max_new, specs[s])
+        outputs[s][prompts[i]] = out
+        return _timing(out.stats, len(out.token_ids), "generation")
+
+    progress(f"{metric}: {n} items x {max_new} tokens under {len(sensitivities)} sensitivities, interleaved")
+    bench = _interleaved(sensitivities, len(prompts), run_one, progress)
+    quality = {}
     for s in sensitivities:
-        progress(f"{metric} at sensitivity {s:g} ({n} items x {max_new} tokens)")
-        mode = "off" if s == 0.0 else "lossy"
-        spec = ConfigSpec(format_config_id("reference", mode, None if s == 0.0 else s), "reference", mode,
-                          None if s == 0.0 else s, {}, pruning_config(mode, None if s == 0.0 else s))
-        mv = extraction_metrics(adapter, spec, squad, docs, None, max_new)[metric]
+        mv = extraction_metrics(_ReplayAdapter(outputs[s]), specs[s], squad, docs, None, max_new)[metric]
         lo, hi = mv.ci if mv.ci is not None else (mv.value, mv.value)
-        out[s] = (mv.value, lo, hi, mv.n)
-    return out
-
-
-def _speed_call(engine: Any, prompts: Sequence[str], max_new: int, config: Any) -> Callable[[], Any]:
-    """One benchmarked call: each prompt at batch 1 (the setting quality is measured at), the
-    engine's own step timings pooled (rsp_bench.speed.engine_call per prompt)."""
-    from rsp_bench.speed import CallTiming, engine_call
-
-    calls = [engine_call(engine, [p], max_new, config) for p in prompts]
-
-    def call() -> CallTiming:
-        parts = [c() for c in calls]
-        counts = [bc for p in parts for bc in (p.bypass_counts or [])]
-        return CallTiming(ttft_s=sorted(p.ttft_s for p in parts)[len(parts) // 2],
-                          step_times_s=[t for p in parts for t in p.step_times_s], batch=1,
-                          new_tokens=sum(p.new_tokens for p in parts), method=parts[0].method,
-                          stats=parts[0].stats, bypass_counts=counts or None)
-
-    return call
-
-
-def _speed(engine: Any, sensitivities: Sequence[float], settings: TuneSettings,
-           progress: Callable[[str], None]) -> dict[float, dict[str, Any]]:
-    """Interleaved decode speed of every sensitivity against s=0 (pruning off)."""
-    from rsp_bench import metrics as m
-    from rsp_bench.engines import pruning_config
-    from rsp_bench.speed import InterleavedBench, fixed_prompts
-
-    prompts = fixed_prompts(settings.speed_prompts)
-    names = {s: f"s={s:.4f}" for s in sensitivities}
-    calls = {names[s]: _speed_call(engine, prompts, settings.speed_tokens,
-                                   pruning_config("off") if s == 0.0 else pruning_config("lossy", s))
-             for s in sensitivities}
-    bench = InterleavedBench(calls)
-    progress(f"speed: {len(calls)} configurations x {settings.speed_rounds} interleaved rounds x "
-             f"{len(prompts)} prompt(s) x {settings.speed_tokens} tokens")
-    calls[names[sensitivities[0]]]()  # warm-up, discarded: first-call allocations
-    for r in range(settings.speed_rounds):
-        bench.run_round()
-        progress(f"speed round {r + 1}/{settings.speed_rounds} done")
-    base = names[0.0]
-    out: dict[float, dict[str, Any]] = {}
-    for s in sensitivities:
-        name = names[s]
-        summary = bench.summary(name)
-        counts = [bc for t in bench.samples(name) for bc in (t.bypass_counts or [])]
-        ratio = 0.0
-        if counts:
-            ratio = m.bypass_ratio(sum(c[0] for c in counts), counts[0][2], sum(c[1] for c in counts))
-        if s == 0.0:
-            sp = {"ratio": 1.0, "lo": 1.0, "hi": 1.0, "pairs": bench.rounds_done}
-        else:
-            sp = bench.speedup(base, name)
-        out[s] = {"speedup": sp["ratio"], "lo": sp["lo"], "hi": sp["hi"], "pairs": int(sp["pairs"]),
-                  "tokens_per_s": summary["decode_tokens_per_s"], "bypass_ratio": ratio}
-    return out
+        quality[s] = (mv.value, lo, hi, mv.n)
+    return quality, bench
 
 
 def run_sweep(engine: Any, metric: str, settings: TuneSettings, budget: float | None = None,
               steps: int | None = None, items: int | None = None, max_new_tokens: int | None = None,
-              rounds: int | None = None, progress: Callable[[str], None] = _log) -> list[TuneRow]:
-    """Measure quality and speed at each sensitivity of the sweep; return the curve."""
+              progress: Callable[[str], None] = _log) -> list[TuneRow]:
+    """Measure quality and speed at each sensitivity of the sweep; return the curve.
+
+    Round i of one interleaved bench runs item i (a prompt, question or document) under every
+    sensitivity in rotated order (rsp_bench.speed.InterleavedBench); each call's output feeds
+    the quality figure and its engine-timed decode steps the speed figure, so both come from
+    the same requests and the speed-up pairs are neighbours in time.
+    """
     if metric not in METRICS:
         raise HarnessInputError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")
     if budget is not None:
@@ -564,17 +608,16 @@ def run_sweep(engine: Any, metric: str, settings: TuneSettings, budget: float | 
     sens = sweep_sensitivities(settings.steps if steps is None else steps)
     n = settings.items[metric] if items is None else items
     max_new = settings.max_new_tokens[metric] if max_new_tokens is None else max_new_tokens
+    # Two items at least, so that there are speed-up pairs to bootstrap; two tokens at least,
+    # so that every call has a decode step to time.
     for name, v in (("--items", n), ("--max-new-tokens", max_new)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise HarnessInputError(f"{name} must be an integer >= 1, got {v!r}")
-    if rounds is not None:
-        settings = TuneSettings(settings.steps, settings.items, settings.max_new_tokens, settings.speed_prompts,
-                                settings.speed_tokens, rounds, settings.name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+            raise HarnessInputError(f"{name} must be an integer >= 2, got {v!r}")
     if metric == "top1_agreement":
-        quality = _quality_top1(engine, sens, n, max_new, progress)
+        quality, bench = _sweep_top1(engine, sens, n, max_new, progress)
     else:
-        quality = _quality_extraction(engine, metric, sens, n, max_new, progress)
-    speed = _speed(engine, sens, settings, progress)
+        quality, bench = _sweep_extraction(engine, metric, sens, n, max_new, progress)
+    speed = _speed_figures(bench, sens)
     return [TuneRow(sensitivity=s, metric=metric, quality=quality[s][0], quality_lo=quality[s][1],
                     quality_hi=quality[s][2], quality_n=quality[s][3], speedup=speed[s]["speedup"],
                     speedup_lo=speed[s]["lo"], speedup_hi=speed[s]["hi"], speedup_pairs=speed[s]["pairs"],
@@ -623,10 +666,15 @@ def configure_tune_parser(p: argparse.ArgumentParser) -> None:
     size.add_argument("--quick", dest="full", action="store_false", help="small fixed subset (the default)")
     size.add_argument("--full", dest="full", action="store_true", help="larger subset, more steps and rounds")
     p.set_defaults(full=False)
-    p.add_argument("--items", type=_int_arg("--items", 1), default=None,
-                   help="prompts / questions / documents per sensitivity (default: per metric and setting)")
-    p.add_argument("--max-new-tokens", type=_int_arg("--max-new-tokens", 1), default=None)
-    p.add_argument("--rounds", type=_int_arg("--rounds", 1), default=None, help="interleaved speed rounds")
+    p.add_argument("--items", type=_int_arg("--items", 2), default=None,
+                   help="prompts / questions / documents per sensitivity, also the speed rounds "
+                        "(default: per metric and setting)")
+    p.add_argument("--max-new-tokens", type=_int_arg("--max-new-tokens", 2), default=None,
+                   help="new tokens per item (default: per metric)")
+    p.add_argument("--threads", type=_int_arg("--threads", 0), default=1,
+                   help="torch threads (default 1; 0 keeps torch's default). Batch-1 decode is bound by "
+                        "memory bandwidth, so a second thread gains little on two cores and costs a lot "
+                        "when the cores are shared; speed-ups are ratios measured at the same setting")
     p.add_argument("--out", default=os.path.join("results", "tune"), help="folder for tune.csv, tune.md, tune.png")
     p.add_argument("--from-table", default=None, metavar="CSV",
                    help="recompute the recommendation from a saved tune.csv (no model, no measuring)")
@@ -645,22 +693,25 @@ def run_tune(args: argparse.Namespace) -> int:
         return 0
     settings = FULL if args.full else QUICK
     t0 = time.monotonic()
+    import torch
+
     from reference_engine import Engine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from rsp_bench.records import machine_info
 
     engine = Engine.load(args.model, progress=_log)
     _log(f"model {engine.name} loaded in {time.monotonic() - t0:.1f} s")
-    rows = run_sweep(engine, args.metric, settings, args.budget, args.steps, args.items, args.max_new_tokens,
-                     args.rounds)
+    rows = run_sweep(engine, args.metric, settings, args.budget, args.steps, args.items, args.max_new_tokens)
     wall = time.monotonic() - t0
     machine = machine_info()
-    n_prompts = settings.speed_prompts
     meta = {"model": engine.name, "setting": settings.name, "wall_s": wall,
             "unit": {"top1_agreement": "teacher-forced tokens", "squad_f1": "questions",
                      "json_field_f1": "documents"}[args.metric],
-            "speed": f"{rows[0].speedup_pairs} rounds x {n_prompts} prompt(s) x "
-                     f"{settings.speed_tokens} tokens, batch 1",
+            "speed": f"engine-timed decode steps of the same requests, {rows[-1].speedup_pairs} interleaved "
+                     "rounds (one item each), batch 1",
             "machine": f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"}
     rec, paths = write_outputs(rows, args.out, margin, meta)
     from tabulate import tabulate

@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speed: {name} ({len(prompts)} prompts, {args.tokens} tokens)", flush=True)
         result[name], offs[name] = speed_set(engine, prompts, args.tokens, args.pld, not args.no_hf)
     costs = _COSTS.get(engine)
-    result["cost_model"] = {"t_plain_s": costs.t_plain, "verify_beta": costs.beta, "pruned_cost": costs.pruned}
+    result["cost_model"] = {"t_plain_s": costs.t_plain, "pruned_cost": costs.pruned,
+                            "verify_cost_by_positions": {S: round(costs.verify[S], 3) for S in range(2, 14)}}
     if not args.no_flips:
         print("flips: uncertified lossless and verify-pass perturbation", flush=True)
         prompts = [p for ps in sets.values() for p in ps]

@@ -192,10 +192,17 @@ def test_change_beyond_tolerance_that_noise_explains_is_not_a_regression() -> No
 
 
 def test_timing_without_samples_uses_tolerance_alone() -> None:
+    base = _record(extra_metrics={"speedup_vs_hf_generate": 1.5})
+    report = compare(base, _record(extra_metrics={"speedup_vs_hf_generate": 1.0}))
+    assert _verdict(report, "speedup_vs_hf_generate") == "regressed"
+    assert any("tolerance alone" in r["note"] for r in report.rows)
+
+
+def test_absolute_timings_are_reported_not_gated() -> None:
+    # Two runs at different times are not comparable on a shared machine (DESIGN.md section 6).
     base = _record(extra_metrics={"decode_tokens_per_s": 25.0})
     report = compare(base, _record(extra_metrics={"decode_tokens_per_s": 15.0}))
-    assert _verdict(report, "decode_tokens_per_s") == "regressed"
-    assert any("tolerance alone" in r["note"] for r in report.rows)
+    assert _verdict(report, "decode_tokens_per_s") == "info" and report.passed
 
 
 def test_lower_is_better_metrics() -> None:

@@ -111,6 +111,28 @@ def test_loglikelihood_rolling_windows_cover_every_token_once(tiny_engine, rsp_c
     assert ll_windows < 0 and math.isfinite(ll_windows)
 
 
+def test_rolling_with_pruning_is_not_degraded_by_its_empty_first_context(tiny_engine, rsp_cls) -> None:
+    from rsp_bench.lm_eval_model import WARMUP_TOKENS
+
+    text = "The quick brown fox jumps over the lazy dog. Revenue was $2.45B, up 12.3%. " * 2
+    tokens = list(tiny_engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert len(tokens) > WARMUP_TOKENS + 1
+    lm = rsp_cls(engine=tiny_engine, mode="lossy", sensitivity=1.0)
+    (ll,) = lm.loglikelihood_rolling([_req("loglikelihood_rolling", text)])
+    stats = lm.pruning_stats
+    assert "empty_or_whitespace" not in stats["degraded_reasons"]
+    assert stats["decode_tokens"] == len(tokens) and stats["requests"] == {"loglikelihood_rolling": 1}
+    # The chain rule: head scored unpruned from the prefix, tail pruned from prefix + head.
+    import torch
+
+    prefix, head, tail = [lm.prefix_token_id], tokens[:WARMUP_TOKENS], tokens[WARMUP_TOKENS:]
+    expected = 0.0
+    for ctx, cont, cfg in ((prefix, head, lm.config.override(mode="off")), (prefix + head, tail, lm.config)):
+        logits = tiny_engine.teacher_forced(ctx, cont, cfg).logits
+        expected += float(torch.log_softmax(logits.double(), -1)[torch.arange(len(cont)), torch.tensor(cont)].sum())
+    assert math.isclose(ll, expected, rel_tol=0, abs_tol=1e-9)
+
+
 def test_generate_until_honours_stop_strings_and_max_gen_toks(tiny_engine, lm_off) -> None:
     prompt = "Question: Who was the Norse leader? Answer:"
     [direct] = tiny_engine.generate([prompt], max_new_tokens=24, config=lm_off.config, chat=False)

@@ -193,7 +193,8 @@ def test_stats_consistency(varied, repeating):
             assert st["drafted"] == src["prompt_lookup"]["drafted"] + src["pruned"]["drafted"]
             assert st["accepted"] == src["prompt_lookup"]["accepted"] + src["pruned"]["accepted"]
             assert st["verify_passes"] == src["prompt_lookup"]["verify_passes"] + src["pruned"]["verify_passes"]
-            assert src["prompt_lookup"]["drafted"] == sum(src["prompt_lookup"][f"n{k}"]["drafted"] for k in (1, 2, 3))
+            parts = ("copy", "n1", "n2", "n3")
+            assert src["prompt_lookup"]["drafted"] == sum(src["prompt_lookup"][k]["drafted"] for k in parts)
             for s in (st, src["prompt_lookup"], src["pruned"]):
                 assert s["acceptance_rate"] == (s["accepted"] / s["drafted"] if s["drafted"] else 0.0)
             assert len(st["decode_step_times_s"]) == len(st["executed_blocks_per_step"]) == n - 1
@@ -225,9 +226,9 @@ def test_drafting_switches_off_on_low_acceptance(varied):
 
 
 def test_expected_gain():
-    assert expected_gain(0.0, 1, 0.0, 0.1) < 1.0  # a draft that always fails only costs
-    assert expected_gain(0.9, 8, 0.0, 0.1) > 3.0
-    assert expected_gain(0.5, 2, 0.8, 0.1) < 1.0  # an expensive draft does not pay at 50%
+    assert expected_gain(0.0, 1, 0.0, 1.1) < 1.0  # a draft that always fails only costs
+    assert expected_gain(0.9, 8, 0.0, 1.8) > 3.0
+    assert expected_gain(0.5, 2, 0.8, 1.2) < 1.0  # an expensive draft does not pay at 50%
 
 
 def test_ngram_index():
@@ -239,6 +240,7 @@ def test_ngram_index():
     assert loop.draft(2, 7) == [9, 7, 8, 9, 7, 8, 9]  # copying past the end repeats the period
     idx.append(5)
     assert idx.draft(3, 1) == [1]
+    assert idx.match(2) == 7 and idx.copy(7, 2) == [1, 2]
 
 
 def test_too_long_prompt_is_refused(varied):
@@ -247,3 +249,34 @@ def test_too_long_prompt_is_refused(varied):
         generate_lossless(varied, [_Row("x", [5] * 500)], 100, cfg, None)
     with pytest.raises(ValueError, match="force"):
         generate_lossless(varied, [_Row("x", [5])], 2, cfg, None, DraftPolicy(force="bogus"))
+
+
+def test_calibrated_draft_plan_and_degradation(repeating, monkeypatch):
+    """The calibrated plan and the degradation checks run only once the pruned draft is wanted."""
+    import numpy as np
+
+    class Cal:
+        impact = np.array([0.0, 0.1, 0.3, 0.2, 0.4, 0.0])
+
+    calls = []
+    monkeypatch.setattr(repeating, "calibration", lambda: Cal())
+
+    def check(rows, hidden, cal):
+        calls.append(len(hidden))
+        if "odd" in rows[0].prompt:
+            rows[0].degraded_reason = "test: odd input"
+
+    monkeypatch.setattr(repeating, "_check_degradation", check)
+    cfg = repeating._config(None, {"mode": "lossless", "log_level": "NONE"})
+    plain = DraftPolicy(pruned=True, lookup=False, priors={"pruned": 0.0}, **PINNED)
+    got = generate_lossless(repeating, [_Row("fine", repeating.encode("fine"))], 8, cfg, None, plain)[0]
+    assert calls == [] and got.stats["sources"]["pruned"]["drafted"] == 0  # never wanted, never checked
+    forced = DraftPolicy(force="pruned")
+    for prompt, degraded in (("fine", False), ("odd", True)):
+        got = generate_lossless(repeating, [_Row(prompt, repeating.encode(prompt))], 8, cfg, None, forced)[0]
+        assert got.token_ids == _off(repeating, prompt, 8)
+        assert got.stats["degraded"] is degraded
+        assert (got.stats["sources"]["pruned"]["drafted"] > 0) is not degraded
+        # blacklist {0, 5}; a quarter of 6 blocks rounds to 2: the two least-harmful others
+        assert got.stats["layers_bypassed"] == 2 * got.stats["sources"]["pruned"]["drafted"]
+    assert calls == [repeating.dims.n_layers + 1] * 2

@@ -151,14 +151,24 @@ def test_cli_from_table(tmp_path, capsys) -> None:
 
 
 def test_small_sweep_on_the_tiny_model(tiny_engine, tmp_path) -> None:
-    tiny = TuneSettings(steps=3, items={"top1_agreement": 2}, max_new_tokens={"top1_agreement": 4},
-                        speed_prompts=1, speed_tokens=6, speed_rounds=2, name="test")
+    tiny = TuneSettings(steps=3, items={"top1_agreement": 3}, max_new_tokens={"top1_agreement": 6}, name="test")
     rows = run_sweep(tiny_engine, "top1_agreement", tiny, budget=0.2, progress=lambda _: None)
     assert [r.sensitivity for r in rows] == [0.0, 0.5, 1.0]
     assert rows[0].quality == 1.0 and rows[0].speedup == 1.0  # s = 0 is pruning off
     for r in rows:
         assert 0.0 <= r.quality_lo <= r.quality <= r.quality_hi <= 1.0
-        assert r.speedup > 0 and math.isfinite(r.decode_tokens_per_s) and r.speedup_pairs == 2
+        assert r.speedup > 0 and math.isfinite(r.decode_tokens_per_s) and r.speedup_pairs == 3
     rec, paths = write_outputs(rows, tmp_path, 0.05, {"model": "tiny", "setting": "test"})
     assert recommend_from_table(paths["csv"], 0.05) == rec.sensitivity
     assert QUICK.steps == 6
+
+
+def test_extraction_sweep_on_the_tiny_model_and_a_zero_baseline(tiny_engine, tmp_path) -> None:
+    # JSON documents: the SQuAD passages do not fit the tiny model's 512-token context.
+    tiny = TuneSettings(steps=3, items={"json_field_f1": 2}, max_new_tokens={"json_field_f1": 3}, name="test")
+    rows = run_sweep(tiny_engine, "json_field_f1", tiny, progress=lambda _: None)
+    assert [r.metric for r in rows] == ["json_field_f1"] * 3 and all(r.quality_n == 2 for r in rows)
+    if rows[0].quality == 0.0:  # a random model answers nothing right: the curve has no scale
+        with pytest.raises(HarnessInputError, match="quality at sensitivity 0 is 0.0"):
+            write_outputs(rows, tmp_path, 0.05, {})
+

@@ -1,0 +1,168 @@
+"""Tests of rsp_bench.quality with fake adapters (no model): the figures the runner reports for
+known outputs, its input checks, the lenient short-answer reading, and the strict budget loader.
+
+Must not load a model; the fakes return canned outputs and logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rsp_bench import metrics as m
+from rsp_bench.datasets import SquadItem, StructuredDoc
+from rsp_bench.engines import ConfigSpec, Output
+from rsp_bench.errors import HarnessInputError
+from rsp_bench.quality import (MetricValue, budget_for, check_budget, equivalence_metrics, extraction_metrics,
+                               load_budgets, short_answer)
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = ConfigSpec("fake/lossy/s=0.50", "fake", "lossy", 0.5)
+V = 5
+
+
+def _logits(tokens: list[int], confidence: float = 4.0) -> torch.Tensor:
+    out = torch.zeros(len(tokens), V)
+    out[torch.arange(len(tokens)), torch.tensor(tokens)] = confidence
+    return out
+
+
+class Fake:
+    """Answers from a table; teacher forcing returns the logits it is told to."""
+
+    name, modes, batch_size = "fake", ("off", "lossy"), 2
+
+    def __init__(self, answers: dict[str, list[int] | str], tf: dict[tuple, torch.Tensor] | None = None,
+                 bypassed: int = 0) -> None:
+        self.answers, self.tf, self.bypassed = answers, tf or {}, bypassed
+        self.calls: list[int] = []
+
+    def generate(self, prompts, max_new_tokens, spec):
+        self.calls.append(len(prompts))
+        outs = []
+        for p in prompts:
+            a = self.answers[p]
+            ids = a if isinstance(a, list) else [1, 2]
+            outs.append(Output(a if isinstance(a, str) else p, ids, [0], {
+                "layers_bypassed": self.bypassed, "total_tokens": len(ids), "blocks": 4}))
+        return outs
+
+    def teacher_forced_logits(self, prompt_ids, continuation_ids, spec):
+        return self.tf[tuple(continuation_ids)], {}
+
+
+def _reference(prompts: list[str], seqs: list[list[int]]) -> list[Output]:
+    return [Output(p, s, [0], {}, logits=_logits(s)) for p, s in zip(prompts, seqs)]
+
+
+def test_equivalence_metrics_on_known_outputs() -> None:
+    prompts = ["a", "b", "c"]
+    ref_seqs = [[1, 2, 3, 4], [2, 2], [3, 1, 1]]
+    reference = _reference(prompts, ref_seqs)
+    cand_logits = {(1, 2, 3, 4): _logits([1, 2, 0, 4]), (2, 2): _logits([2, 2]), (3, 1, 1): _logits([3, 1, 1])}
+    fake = Fake({"a": [1, 2, 0, 0], "b": [2, 2], "c": [3, 1, 1]}, cand_logits, bypassed=2)
+    values = equivalence_metrics(fake, SPEC, prompts, reference, 4)
+    assert fake.calls == [2, 1]  # chunks of batch_size
+    assert values["exact_match_rate"].value == pytest.approx(2 / 3) and values["exact_match_rate"].n == 3
+    assert values["exact_match_rate"].ci == pytest.approx(m.wilson_interval(2, 3))
+    assert values["prefix_agreement"].value == pytest.approx((2 + 2 + 3) / 9)
+    assert values["top1_agreement"].value == pytest.approx(8 / 9) and values["top1_agreement"].n == 9
+    lo, hi = values["top1_agreement"].ci
+    assert lo <= 8 / 9 <= hi <= 1.0
+    ref_l, cand_l = [r.logits for r in reference], [cand_logits[tuple(s)] for s in ref_seqs]
+    kl = m.kl_summary(m.kl_per_token(ref_l, cand_l))
+    assert values["kl_mean"].value == pytest.approx(kl["mean"]) and values["kl_mean"].unit == "nats"
+    assert values["kl_p99"].value == pytest.approx(kl["p99"]) and values["kl_p99"].ci is None
+    assert values["perplexity_ratio"].value > 1.0
+    # 2 bypassed per prompt, 4 blocks, 4 + 2 + 3 tokens
+    assert values["bypass_ratio"].value == pytest.approx(6 / (4 * 9))
+    assert values["blocks_executed_per_token"].value == pytest.approx(4 * (1 - 6 / 36))
+
+
+def test_equivalence_metrics_checks_its_inputs() -> None:
+    fake = Fake({"a": [1]})
+    no_logits = [Output("a", [1], [0], {})]
+    with pytest.raises(HarnessInputError, match="no logits"):
+        equivalence_metrics(fake, SPEC, ["a"], no_logits, 4)
+    with pytest.raises(HarnessInputError, match="2 reference outputs for 1 prompts"):
+        equivalence_metrics(fake, SPEC, ["a"], _reference(["a", "b"], [[1], [2]]), 4)
+
+
+def test_short_answer_is_lenient() -> None:
+    assert short_answer("\n  Answer: \"Rollo\"\nbecause...") == "Rollo"
+    assert short_answer("**the Normans**") == "the Normans"
+    assert short_answer("") == ""
+
+
+def test_extraction_metrics_scores_and_deltas() -> None:
+    items = [SquadItem("q1", "t", "ctx", "Who?", ["Rollo"]), SquadItem("q2", "t", "ctx", "When?", ["10th century"])]
+    docs = [StructuredDoc("d1", "invoice", "text", {"total_amount": 120.5, "due_date": "2024-03-01"})]
+    from rsp_bench.quality import extraction_prompts
+
+    sq_prompts, js_prompts = extraction_prompts(items, docs)
+    pruned = Fake({sq_prompts[0]: "Answer: Rollo", sq_prompts[1]: "the 9th century",
+                   js_prompts[0]: 'Sure: {"total_amount": "$120.50", "due_date": "March 2, 2024"}'})
+    reference = {"squad": [Output("Rollo", [1], [0], {}), Output("10th century", [1], [0], {})],
+                 "json": [Output('{"total_amount": 120.5, "due_date": "2024-03-01"}', [1], [0], {})]}
+    values = extraction_metrics(pruned, SPEC, items, docs, reference, (16, 64))
+    assert values["squad_em"].value == 0.5 and values["squad_em"].n == 2
+    f1_second = m.squad_f1("the 9th century", ["10th century"])
+    assert values["squad_f1"].value == pytest.approx((1 + f1_second) / 2)
+    assert values["squad_f1_delta"].value == pytest.approx((1 + f1_second) / 2 - 1)
+    assert values["json_field_f1"].value == pytest.approx(0.5)  # amount right, date wrong
+    assert values["json_field_f1_delta"].value == pytest.approx(-0.5)
+    same = Fake({sq_prompts[0]: "Rollo", sq_prompts[1]: "10th century",
+                 js_prompts[0]: reference["json"][0].text})
+    values = extraction_metrics(same, SPEC, items, docs, reference, 16)
+    assert values["squad_f1_delta"].value == 0.0 and values["json_field_f1_delta"].value == 0.0
+    assert values["squad_f1_delta"].ci == (0.0, 0.0)
+    with pytest.raises(HarnessInputError, match="'json'"):
+        extraction_metrics(same, SPEC, items, docs, {"squad": reference["squad"]}, 16)
+    with pytest.raises(HarnessInputError, match="got 0"):
+        extraction_metrics(same, SPEC, items, docs, None, 0)
+
+
+def test_repository_budgets_load_and_apply() -> None:
+    budgets = load_budgets(REPO / "suites" / "budgets.toml")
+    off = budget_for(budgets, ConfigSpec("reference/off", "reference", "off", None))
+    assert {b.describe().split(" (")[0] for b in off} >= {"exact_match_rate >= 1", "squad_f1_delta <= 0"}
+    assert budget_for(budgets, ConfigSpec("reference/lossless/s=0.50", "reference", "lossless", 0.5))
+    assert budget_for(budgets, ConfigSpec("reference/lossy/s=0.50", "reference", "lossy", 0.5))
+    assert budget_for(budgets, ConfigSpec("reference/lossy/s=0.37", "reference", "lossy", 0.37)) is None
+    assert budget_for(budgets, ConfigSpec("x/weird", "x", "weird", None)) is None
+
+
+def test_budget_checks_name_metric_and_bound(tmp_path) -> None:
+    path = tmp_path / "b.toml"
+    path.write_text('[lossy]\nkl_mean_max = 0.5\n[lossy."0.50"]\ntop1_agreement_min = 0.8\n')
+    budgets = load_budgets(path)
+    bounds = budget_for(budgets, ConfigSpec("r/lossy/s=0.50", "r", "lossy", 0.5))
+    values = {"top1_agreement": MetricValue(0.75, 100, (0.7, 0.8), "fraction"),
+              "kl_mean": MetricValue(0.1, 100, None, "nats")}
+    [failure] = check_budget(values, bounds)
+    assert "top1_agreement = 0.75" in failure and ">= 0.8" in failure and "[lossy.\"0.50\"]" in failure
+    other = budget_for(budgets, ConfigSpec("r/lossy/s=1.00", "r", "lossy", 1.0))
+    assert [b.metric for b in other] == ["kl_mean"]  # mode-wide bounds hold for every sensitivity
+
+
+@pytest.mark.parametrize("text, named", [
+    ("[lossy]\ntop1_agreemnt_min = 0.8\n", "'top1_agreemnt_min'"),
+    ("[lossy]\ntop1_agreement = 0.8\n", "'top1_agreement'"),
+    ("[lossy]\ntop1_agreement_min = \"high\"\n", "'high'"),
+    ("[lossy.\"fast\"]\ntop1_agreement_min = 0.8\n", "'fast'"),
+    ("[lossy.\"1.5\"]\ntop1_agreement_min = 0.8\n", "'1.5'"),
+    ("lossy = 3\n", "'lossy'"),
+    ("[lossy\n", "cannot read"),
+])
+def test_budget_loader_is_strict(tmp_path, text, named) -> None:
+    path = tmp_path / "b.toml"
+    path.write_text(text)
+    with pytest.raises(HarnessInputError, match=named.replace("[", "\\[").replace(".", "\\.")):
+        load_budgets(path)
+
+
+def test_missing_budget_file_is_named(tmp_path) -> None:
+    with pytest.raises(HarnessInputError, match="nope.toml"):
+        load_budgets(tmp_path / "nope.toml")
