@@ -30,21 +30,25 @@ Rates, recorded in the run record under ``reference/lossy/s=0.50`` with n and a 
   lets through go through the engine (whose prompt-loss and hidden-norm checks may still
   catch them). This equals the engine's own verdict on every example because the engine
   degrades whenever the text check fires, which the batch property asserts on real runs.
+  Text that is not valid Unicode (lone surrogates) counts as detected only if one engine
+  run on it degrades or raises ``PromptError``; a crash makes the whole group misses.
 
 Sizes (examples per property; the hypothesis profile comes from ``RSP_HYPOTHESIS_PROFILE``,
 or ``RSP_BENCH_HYPOTHESIS_PROFILE``, default ``ci``; see ``SIZES``):
 
     property                          ci      dev     model runs per example
     detector rate, per class (x16)    200     1000    none (misses only)
-    engine batches (1-4 / 1-8 rows)   20      200     lossy + off batch, 1-2 teacher-forced
+    every class through the engine    1       5       lossy + off batch of them (x16)
+    engine batches (1-4 / 1-8 rows)   12      200     lossy + off batch, 1-2 teacher-forced
     valid configs and overrides       10      100     1
     invalid configs                   120     1000    none (must raise first)
     random token ids                  8       100     1-2 teacher-forced
     special tokens in odd places      8       100     lossy + off
     past the context limit            5       50      none (tokenizer only)
 
-so ``ci`` generates about 3,400 examples (about 100 of them through the model) and ``dev``
-about 18,000. The normal corpus is 57 + 12 + 12 prompts with ``--rsp-quick``, 57 + 48 + 48
+so ``ci`` generates about 3,470 examples (measured: 65 of them through the model, plus the
+81-prompt normal corpus; about 156 s of single-thread CPU on the embedded model) and ``dev``
+about 18,000 (about 1,100 through the model). The normal corpus is 57 + 12 + 12 prompts with ``--rsp-quick``, 57 + 48 + 48
 without. The at-the-limit check with a prompt that itself fills the context (an 8k-token
 prefill on the embedded model, minutes on 2 cores) runs only without ``--rsp-quick`` or when
 the context is at most 2,048 tokens; the quick run checks the same boundary with a short
@@ -93,6 +97,7 @@ class Sizes:
     """Examples per property for one hypothesis profile (see the module docstring)."""
 
     rate_per_class: int
+    per_class_engine: int
     engine_batches: int
     max_batch: int
     valid_configs: int
@@ -102,9 +107,9 @@ class Sizes:
 
 
 SIZES: dict[str, Sizes] = {
-    "ci": Sizes(rate_per_class=200, engine_batches=20, max_batch=4, valid_configs=10,
+    "ci": Sizes(rate_per_class=200, per_class_engine=1, engine_batches=12, max_batch=4, valid_configs=10,
                 invalid_configs=120, token_examples=8, past_limit=5),
-    "dev": Sizes(rate_per_class=1000, engine_batches=200, max_batch=8, valid_configs=100,
+    "dev": Sizes(rate_per_class=1000, per_class_engine=5, engine_batches=200, max_batch=8, valid_configs=100,
                  invalid_configs=1000, token_examples=100, past_limit=50),
 }
 
@@ -356,45 +361,67 @@ def test_false_positive_rate_on_normal_prompts(rsp_engine: Any, rsp_options: Any
         assert v["fired"] <= MAX_FALSE_POSITIVE_RATE * v["n"], f"text detector fired on {v['fired']}/{v['n']} of {name}"
 
 
+def _unencodable_verdict(engine: Any, text: str) -> str:
+    """How the engine treats text that is not valid Unicode: "degraded", "rejected"
+    (``PromptError``, the documented clear error) or the name of the exception it raised."""
+    try:
+        (res,) = engine.generate([text], max_new_tokens=1, config=LOSSY)
+    except PromptError:
+        return "rejected"
+    except Exception as exc:  # reported, and counted as a miss: the engine broke on it
+        return type(exc).__name__
+    return "degraded" if res.stats["degraded"] else "not_degraded"
+
+
 def test_detection_rate_on_adversarial_classes(rsp_engine: Any, rsp_record: Any) -> None:
     per_class: dict[str, dict[str, Any]] = {}
     misses: list[tuple[str, str]] = []
+    unencodable: list[tuple[str, str]] = []
     for name in DEGRADE_CLASSES:
         texts = _draw(STRATEGIES[name].strategy(), SIZE.rate_per_class)
-        text_missed = [t for t in texts if text_anomaly_reason(t) is None]
-        per_class[name] = {"n": len(texts), "text_level": len(texts) - len(text_missed), "model_level": 0}
-        misses += [(name, t) for t in text_missed]
+        per_class[name] = {"n": len(texts), "text_level": 0, "model_level": 0, "unencodable": 0}
+        for t in texts:
+            if not _encodable(t):
+                unencodable.append((name, t))
+            elif text_anomaly_reason(t) is not None:
+                per_class[name]["text_level"] += 1
+            else:
+                misses.append((name, t))
     # What the text check lets through goes through the engine: its prompt-loss and hidden-
-    # norm checks are part of the detector. A text it cannot encode is a miss (and a crash
-    # the batch property reports).
-    runnable = [(name, t) for name, t in misses if _encodable(t)]
-    if runnable:
-        for (name, _), res in zip(runnable, _run_sorted(rsp_engine, [t for _, t in runnable])):
+    # norm checks are part of the detector.
+    if misses:
+        for (name, _), res in zip(misses, _run_sorted(rsp_engine, [t for _, t in misses])):
             per_class[name]["model_level"] += int(res.stats["degraded"])
-    detected = sum(v["text_level"] + v["model_level"] for v in per_class.values())
+    # Text that is not valid Unicode never reaches the detector if the tokenizer chokes on it:
+    # one engine run decides for all of them (its handling does not depend on where the
+    # surrogate sits). Rejecting with PromptError counts as protected: nothing is pruned.
+    verdict = _unencodable_verdict(rsp_engine, unencodable[0][1]) if unencodable else None
+    if verdict in ("degraded", "rejected"):
+        for name, _ in unencodable:
+            per_class[name]["unencodable"] += 1
+    detected = sum(v["text_level"] + v["model_level"] + v["unencodable"] for v in per_class.values())
     total = sum(v["n"] for v in per_class.values())
     rate, ci = _record_rate(rsp_record, "degradation_detection_rate", detected, total)
     for v in per_class.values():
-        v["rate"] = round((v["text_level"] + v["model_level"]) / v["n"], 4)
+        v["rate"] = round((v["text_level"] + v["model_level"] + v["unencodable"]) / v["n"], 4)
     _count(rsp_record, "detection_rate", total)
-    _report(rsp_record, "detection", {"n": total, "engine_runs": len(runnable), "per_class": per_class})
+    _report(rsp_record, "detection", {"n": total, "engine_runs": len(misses), "per_class": per_class,
+                                      "unencodable": len(unencodable), "unencodable_verdict": verdict})
     low = {name: v for name, v in per_class.items() if v["rate"] < MIN_DETECTION_RATE}
-    assert rate >= MIN_DETECTION_RATE, f"degradation fired on {detected}/{total} adversarial examples ({rate:.1%})"
-    assert not low, f"classes under {MIN_DETECTION_RATE:.0%} detection: {low}"
+    assert rate >= MIN_DETECTION_RATE, (
+        f"degradation fired on {detected}/{total} adversarial examples ({rate:.1%}, CI {ci[0]:.3f}-{ci[1]:.3f}); "
+        f"engine on text that is not valid Unicode: {verdict}")
+    assert not low, f"classes under {MIN_DETECTION_RATE:.0%} detection (engine on invalid Unicode: {verdict}): {low}"
 
 
 # --------------------------------------------------------------------------- engine batches
 
 
-@_settings(SIZE.engine_batches)
-@given(batch=st.lists(TAGGED_TEXT, min_size=1, max_size=SIZE.max_batch))
-def test_batches_never_crash_and_degraded_rows_equal_off(rsp_engine: Any, rsp_record: Any,
-                                                         batch: list[tuple[str, str]]) -> None:
-    names, texts = [n for n, _ in batch], [_cap_tokens(rsp_engine, t) for _, t in batch]
-    note(f"classes {names}")
-    vocab = _vocab(rsp_engine)
+def _check_batch(engine: Any, rsp_record: Any, names: list[str], texts: list[str], counter: str) -> None:
+    """Run one batch lossy and off and check every row: no crash, invariants, exactness."""
+    vocab = _vocab(engine)
     try:
-        lossy = _generate(rsp_engine, texts, MAX_NEW)
+        lossy = _generate(engine, texts, MAX_NEW)
     except PromptError as exc:
         # The one clear rejection these short texts may earn: a string that is not valid
         # Unicode (lone surrogates) cannot be tokenized.
@@ -403,9 +430,9 @@ def test_batches_never_crash_and_degraded_rows_equal_off(rsp_engine: Any, rsp_re
         names, texts = [names[i] for i in keep], [texts[i] for i in keep]
         if not texts:
             return
-        lossy = _generate(rsp_engine, texts, MAX_NEW)
-    off = _generate(rsp_engine, texts, MAX_NEW, mode="off")
-    _count(rsp_record, "engine_batches", len(texts))
+        lossy = _generate(engine, texts, MAX_NEW)
+    off = _generate(engine, texts, MAX_NEW, mode="off")
+    _count(rsp_record, counter, len(texts))
     for name, text, res, ref in zip(names, texts, lossy, off):
         _check_result(res, MAX_NEW, vocab)
         _check_result(ref, MAX_NEW, vocab)
@@ -418,11 +445,30 @@ def test_batches_never_crash_and_degraded_rows_equal_off(rsp_engine: Any, rsp_re
                 f"{name}: degraded ({res.stats['degraded_reason']}) but output {res.token_ids} "
                 f"differs from pruning off {ref.token_ids}")
     # Logits on a short continuation (the unpruned output), for the first row.
-    forced = rsp_engine.teacher_forced(lossy[0].prompt_ids, off[0].token_ids, config=LOSSY)
-    _check_logits(forced.logits, len(off[0].token_ids), rsp_engine.dims.vocab)
+    forced = engine.teacher_forced(lossy[0].prompt_ids, off[0].token_ids, config=LOSSY)
+    _check_logits(forced.logits, len(off[0].token_ids), engine.dims.vocab)
     if forced.stats["degraded"]:
-        forced_off = rsp_engine.teacher_forced(lossy[0].prompt_ids, off[0].token_ids, config=LOSSY, mode="off")
+        forced_off = engine.teacher_forced(lossy[0].prompt_ids, off[0].token_ids, config=LOSSY, mode="off")
         assert bool((forced.logits == forced_off.logits).all()), "degraded teacher-forced logits differ from off"
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_class_runs_through_the_engine(rsp_engine: Any, rsp_record: Any, name: str) -> None:
+    # The batch property below draws classes at random, so a 12-example run may miss one
+    # entirely (it did: no lone-surrogate row in one derandomized run); this guarantees each
+    # class reaches the engine. The first draws are hypothesis's simplest; take later ones.
+    drawn = _draw(STRATEGIES[name].strategy(), SIZE.per_class_engine + 2)[2:]
+    _check_batch(rsp_engine, rsp_record, [name] * len(drawn), [_cap_tokens(rsp_engine, t) for t in drawn],
+                 "per_class_engine")
+
+
+@_settings(SIZE.engine_batches)
+@given(batch=st.lists(TAGGED_TEXT, min_size=1, max_size=SIZE.max_batch))
+def test_batches_never_crash_and_degraded_rows_equal_off(rsp_engine: Any, rsp_record: Any,
+                                                         batch: list[tuple[str, str]]) -> None:
+    names = [n for n, _ in batch]
+    note(f"classes {names}")
+    _check_batch(rsp_engine, rsp_record, names, [_cap_tokens(rsp_engine, t) for _, t in batch], "engine_batches")
 
 
 # --------------------------------------------------------------------------- configurations
@@ -565,15 +611,18 @@ def test_empty_prompt_list_is_a_prompt_error(rsp_engine: Any) -> None:
             rsp_engine.generate(empty, max_new_tokens=MAX_NEW, config=LOSSY)
 
 
-SHORT_PROMPT = "Reply with the single word yes."
+# A prompt the embedded model answers in a few tokens, then EOS (measured: "The capital of
+# France is Paris." and EOS); any model that does not is skipped by the probe below.
+SHORT_PROMPT = "What is the capital of France? One word."
+PROBE_TOKENS = 12
 
 
 def test_short_prompt_filling_the_context_runs(rsp_engine: Any) -> None:
     limit = rsp_engine.dims.max_positions
-    (probe,) = _generate(rsp_engine, [SHORT_PROMPT], 8)
+    (probe,) = _generate(rsp_engine, [SHORT_PROMPT], PROBE_TOKENS)
     if rsp_engine.eos_id not in probe.token_ids:
         # Without an early EOS the run below would decode the whole context.
-        pytest.skip(f"the model does not end {SHORT_PROMPT!r} within 8 tokens: {probe.text!r}")
+        pytest.skip(f"the model does not end {SHORT_PROMPT!r} within {PROBE_TOKENS} tokens: {probe.text!r}")
     n = len(probe.prompt_ids)
     (res,) = _generate(rsp_engine, [SHORT_PROMPT], limit - n)  # n + max_new == limit: fits
     _check_result(res, limit - n, _vocab(rsp_engine))

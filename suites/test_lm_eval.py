@@ -13,9 +13,11 @@ also equal the harness's own generations of the same prompts (ReferenceAdapter, 
 model's chat template through lm-eval's ``--apply_chat_template`` reaches the same token ids as
 ``engine.encode(prompt, chat=True)``.
 
-Sizes: quick 4 SQuAD questions + 4 documents + 1 passage per configuration (about 40 s on the
-embedded model on an idle 2-core machine); full 32 + 16 + 4. lm-eval's figures and the pruning
-stats go to the run record as ``lm_eval_<task>_<metric>`` (reported, not gated).
+Sizes: quick 4 SQuAD questions + 2 documents + the shortest passage per configuration, about
+450 decode steps in all (roughly 30 s on the embedded model on an idle 2-core machine; it took
+6 min at load 7-8 on this shared one, where 4 documents + 1 long passage took 18 min); full
+32 + 16 + the first 4 passages. lm-eval's figures and the pruning stats go to the run record as
+``lm_eval_<task>_<metric>`` (reported, not gated).
 
 Must NOT compute a figure itself (rsp_bench.metrics / rsp_bench.quality do) or load the engine
 (the plugin's ``rsp_engine`` fixture hands it over).
@@ -23,6 +25,7 @@ Must NOT compute a figure itself (rsp_bench.metrics / rsp_bench.quality do) or l
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -36,8 +39,9 @@ from rsp_bench.quality import extraction_metrics, extraction_prompts
 pytestmark = pytest.mark.lm_eval
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "lm_eval_tasks"
-QUICK = {"rsp_squad": 4, "rsp_structured": 4, "rsp_perplexity": 1}
-FULL = {"rsp_squad": 32, "rsp_structured": 16, "rsp_perplexity": 4}
+QUICK = {"rsp_squad": 4, "rsp_structured": 2}
+FULL = {"rsp_squad": 32, "rsp_structured": 16}
+FULL_PASSAGES = 4
 # The task YAMLs' limits and stop strings; the harness replays the same outputs.
 SQUAD_NEW_TOKENS, JSON_NEW_TOKENS = 16, 64
 SQUAD_STOP = "\n\n"
@@ -70,7 +74,18 @@ def sizes(rsp_options) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def lm_eval_runs(rsp_engine, sizes) -> dict[tuple[str, float | None], dict]:
+def passages(rsp_options) -> list[int]:
+    """Document indices of rsp_perplexity: quick takes the shortest passage (every token of a
+    rolling log-likelihood is a decode step), full the first few."""
+    if not rsp_options.quick:
+        return list(range(FULL_PASSAGES))
+    lines = (TASKS_DIR / "rsp_perplexity.jsonl").read_text(encoding="utf-8").splitlines()
+    lengths = [len(json.loads(line)["text"]) for line in lines if line.strip()]
+    return [min(range(len(lengths)), key=lambda i: (lengths[i], i))]
+
+
+@pytest.fixture(scope="module")
+def lm_eval_runs(rsp_engine, sizes, passages) -> dict[tuple[str, float | None], dict]:
     """One lm-eval evaluation per configuration (module-scoped: every test reads the same run)."""
     lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'rsp-bench[lm-eval]')")
     from lm_eval.tasks import TaskManager
@@ -80,9 +95,11 @@ def lm_eval_runs(rsp_engine, sizes) -> dict[tuple[str, float | None], dict]:
     runs = {}
     for mode, s in CONFIGS:
         lm = RSPLM(engine=rsp_engine, mode=mode, sensitivity=0.5 if s is None else s)
+        samples = {task: list(range(n)) for task, n in sizes.items()}
+        samples["rsp_perplexity"] = passages
         results = lm_eval.simple_evaluate(
-            model=lm, tasks=list(sizes), task_manager=TaskManager(include_path=str(TASKS_DIR)),
-            samples={task: list(range(n)) for task, n in sizes.items()},
+            model=lm, tasks=list(samples), task_manager=TaskManager(include_path=str(TASKS_DIR)),
+            samples=samples,
             apply_chat_template=True, log_samples=True, bootstrap_iters=0, verbosity="WARNING")
         runs[(mode, s)] = {"results": results["results"], "samples": results["samples"],
                            "stats": lm.pruning_stats}
@@ -101,7 +118,7 @@ def _spec(mode: str, s: float | None) -> ConfigSpec:
 
 
 @pytest.mark.parametrize("mode, s", CONFIGS, ids=[format_config_id("reference", m, s) for m, s in CONFIGS])
-def test_lm_eval_scores_match_the_harness_scorer(mode, s, lm_eval_runs, sizes, rsp_record) -> None:
+def test_lm_eval_scores_match_the_harness_scorer(mode, s, lm_eval_runs, sizes, passages, rsp_record) -> None:
     run = lm_eval_runs[(mode, s)]
     squad_items = ds.quick_subset(ds.load_squad(), sizes["rsp_squad"])
     docs = ds.quick_subset(ds.load_structured(), sizes["rsp_structured"])
@@ -122,7 +139,7 @@ def test_lm_eval_scores_match_the_harness_scorer(mode, s, lm_eval_runs, sizes, r
                               params=spec.params)
     ppl = run["results"]["rsp_perplexity"]["word_perplexity,none"]
     assert math.isfinite(ppl) and ppl > 1.0, f"{spec.config_id}: word perplexity {ppl!r}"
-    rsp_record.add_metric(spec.config_id, "lm_eval_rsp_perplexity_word_perplexity", ppl, sizes["rsp_perplexity"],
+    rsp_record.add_metric(spec.config_id, "lm_eval_rsp_perplexity_word_perplexity", ppl, len(passages),
                           unit="perplexity", engine=spec.engine, mode=mode, sensitivity=s, params=spec.params)
     stats = run["stats"]
     if stats["decode_tokens"]:

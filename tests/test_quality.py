@@ -166,3 +166,23 @@ def test_budget_loader_is_strict(tmp_path, text, named) -> None:
 def test_missing_budget_file_is_named(tmp_path) -> None:
     with pytest.raises(HarnessInputError, match="nope.toml"):
         load_budgets(tmp_path / "nope.toml")
+
+
+def test_record_metrics_states_config_and_shares_compute_figures() -> None:
+    from rsp_bench.quality import record_metrics
+    from rsp_bench.records import RunRecordBuilder
+
+    builder = RunRecordBuilder(model_name="tiny", commit=None, versions_info={"python": "3", "torch": None,
+                               "transformers": None, "rsp_bench": "0"},
+                               machine={"fingerprint": "f", "hostname": "h", "platform": "p", "cpu": "c",
+                                        "cores": 1, "memory_gb": 1.0, "gpu": None})
+    spec = ConfigSpec("static-shortgpt/k=3", "static-shortgpt", "static", None, {"k": 3, "blocks": [4, 5, 6]})
+    builder.add_metric(spec.config_id, "bypass_ratio", 0.2, n=10, unit="fraction", mode="static")  # ran first
+    record_metrics(builder, spec, {"bypass_ratio": MetricValue(0.1, 5, None, "fraction"),
+                                   "top1_agreement": MetricValue(0.7, 50, (0.6, 0.8), "fraction")})
+    config = builder.build()["configurations"][spec.config_id]
+    assert config["mode"] == "static" and config["params"]["blocks"] == [4, 5, 6]
+    assert config["metrics"]["bypass_ratio"]["value"] == 0.2
+    assert config["metrics"]["top1_agreement"] == {"value": 0.7, "n": 50, "ci": [0.6, 0.8], "unit": "fraction"}
+    with pytest.raises(HarnessInputError, match="top1_agreement"):
+        record_metrics(builder, spec, {"top1_agreement": MetricValue(0.7, 50, None, "fraction")})
