@@ -120,6 +120,10 @@ class Engine:
 
     # ---- text ----
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        # A lone surrogate cannot be UTF-8 encoded and the tokenizer raises a bare TypeError on it;
+        # tokenize a replacement-character copy instead. The row keeps the original text, so the
+        # text check still reports lone_surrogate and the request degrades.
+        prompt = prompt.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
         if chat:
             ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                      add_generation_prompt=True, tokenize=True)
@@ -139,9 +143,13 @@ class Engine:
     # ---- public API ----
     def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64,
                  config: PruningConfig | None = None, chat: bool = True, temperature: float = 0.0,
-                 seed: int | None = None, log_file: IO[str] | None = None,
+                 seed: int | None = None, log_file: IO[str] | None = None, return_logits: bool = False,
                  **overrides: Any) -> list[GenerationResult]:
-        """Generate for each prompt. ``overrides`` replace fields of ``config`` for this request."""
+        """Generate for each prompt. ``overrides`` replace fields of ``config`` for this request.
+
+        ``return_logits``: also fill each result's ``logits`` [len(token_ids), V] with the logits
+        that chose its tokens: the same numbers ``teacher_forced`` returns for that continuation,
+        so a caller comparing distributions need not decode twice (not in lossless mode)."""
         cfg = self._config(config, overrides)
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -159,7 +167,7 @@ class Engine:
             from .speculative import generate_lossless
 
             return generate_lossless(self, rows, max_new_tokens, cfg, log_file)
-        return self._run(rows, max_new_tokens, cfg, temperature, seed, None, log_file)
+        return self._run(rows, max_new_tokens, cfg, temperature, seed, None, log_file, keep_logits=return_logits)
 
     def teacher_forced(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int],
                        config: PruningConfig | None = None, **overrides: Any) -> GenerationResult:
@@ -182,7 +190,8 @@ class Engine:
 
     # ---- the loop ----
     def _run(self, rows: list[_Row], max_new: int, cfg: PruningConfig, temperature: float,
-             seed: int | None, forced: list[list[int]] | None, log_file: IO[str] | None) -> list[GenerationResult]:
+             seed: int | None, forced: list[list[int]] | None, log_file: IO[str] | None,
+             keep_logits: bool = False) -> list[GenerationResult]:
         w, dims, B = self.weights, self.dims, len(rows)
         for i, r in enumerate(rows):
             if not r.ids:
@@ -237,6 +246,8 @@ class Engine:
                 step_logits.append(logits[0].clone())
                 tok = torch.tensor([forced[0][step]])
             else:
+                if keep_logits:
+                    step_logits.append(logits.clone())
                 tok = self._sample(logits, temperature, gen)
             toks = tok.tolist()
             for b in range(B):
@@ -272,7 +283,8 @@ class Engine:
             if reason is not None:
                 # Instability is only known after the fact: rerun the request in full so the
                 # output is exactly the unpruned one, as degradation promises.
-                return self._rerun_degraded(rows, max_new, cfg, temperature, seed, forced, log_file, reason)
+                return self._rerun_degraded(rows, max_new, cfg, temperature, seed, forced, log_file, reason,
+                                            keep_logits)
 
         t_end = time.perf_counter()
         results = []
@@ -299,12 +311,15 @@ class Engine:
             res = GenerationResult(self.decode(out[b]), out[b], r.ids, stats)
             if forced is not None:
                 res.logits = torch.stack(step_logits)
+            elif keep_logits:  # row b chose its n-th token at step n; it stops when it is done
+                res.logits = torch.stack([s[b] for s in step_logits[:len(out[b])]])
             results.append(res)
         self._emit_logs(cfg, results, detail_lines, log_file)
         return results
 
-    def _rerun_degraded(self, rows, max_new, cfg, temperature, seed, forced, log_file, reason):
-        results = self._run(rows, max_new, cfg.override(mode="off", log_level="NONE"), temperature, seed, forced, None)
+    def _rerun_degraded(self, rows, max_new, cfg, temperature, seed, forced, log_file, reason, keep_logits=False):
+        results = self._run(rows, max_new, cfg.override(mode="off", log_level="NONE"), temperature, seed, forced, None,
+                            keep_logits)
         for r, res in zip(rows, results):
             res.stats.update(degraded=True, degraded_reason=r.degraded_reason or reason,
                              mode=cfg.mode, sensitivity=cfg.sensitivity)

@@ -85,8 +85,10 @@ class Output:
 
     ``stats`` should hold ``layers_bypassed``, ``total_tokens`` and ``blocks`` (the decoder
     blocks of the model) for the compute metrics; an engine without them gets no
-    bypass_ratio / blocks_executed_per_token rows. ``logits`` ([T, V], teacher-forced on
-    ``token_ids``) is filled only for the cached unpruned reference run.
+    bypass_ratio / blocks_executed_per_token rows. ``logits`` ([T, V]) is optional: an adapter
+    sets it only when it is exactly what ``teacher_forced_logits(prompt_ids, token_ids, spec)``
+    would return, so the runner can skip that second decode when the output equals the
+    reference (and the reference run gets its own logits for free).
     """
 
     text: str
@@ -275,6 +277,7 @@ class ReferenceAdapter:
     # The router plans one set of blocks for a whole batch (a block is bypassed only if every
     # row agrees), so quality is measured per request.
     batch_size = 1
+    LOGITS_MODES = ("off", "static")
 
     def __init__(self, engine: "Engine") -> None:
         self.engine = engine
@@ -285,9 +288,18 @@ class ReferenceAdapter:
         return pruning_config(spec.mode, spec.sensitivity)
 
     def generate(self, prompts: list[str], max_new_tokens: int, spec: ConfigSpec) -> list[Output]:
-        results = self.engine.generate(list(prompts), max_new_tokens=max_new_tokens,
-                                       config=self._config(spec), chat=True)
-        return _to_outputs(results)
+        config = self._config(spec)
+        # Generation logits equal teacher-forced ones only at batch 1 (left padding changes the
+        # arithmetic) and where no router runs: the router's density factor reads the prompt
+        # text, which teacher_forced reconstructs from ids (template included), so lossy
+        # decisions may differ between the two paths.
+        want_logits = config.mode in self.LOGITS_MODES and len(prompts) == 1
+        results = self.engine.generate(list(prompts), max_new_tokens=max_new_tokens, config=config,
+                                       chat=True, return_logits=want_logits)
+        outputs = _to_outputs(results)
+        for out, res in zip(outputs, results):
+            out.logits = res.logits if want_logits else None
+        return outputs
 
     def teacher_forced_logits(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int],
                               spec: ConfigSpec) -> tuple["torch.Tensor", dict[str, Any]]:

@@ -307,7 +307,8 @@ class RSPLM(LM):
         those tokens as the prompt and pruning applied: the same log-likelihood, split by the
         chain rule, with pruning on every decode step it can act on.
         """
-        if (self.config.prunes and len(continuation_ids) > 1
+        # Lossless teacher forcing is the unpruned model by construction: nothing to split.
+        if (self.config.prunes and self.config.mode == "lossy" and len(continuation_ids) > 1
                 and not self.engine.decode(context_ids).strip()):
             k = min(WARMUP_TOKENS, len(continuation_ids) - 1)
             head = self._score_one(context_ids, continuation_ids[:k], kind, self.config.override(mode="off"))

@@ -66,8 +66,12 @@ def _progress(total: int, desc: str):
 
 
 def generate_all(adapter: EngineAdapter, spec: ConfigSpec, prompts: Sequence[str], max_new_tokens: int,
-                 desc: str = "") -> list[Output]:
-    """Generate for every prompt in chunks of ``adapter.batch_size`` (1: per request)."""
+                 desc: str = "", keep_logits: bool = False) -> list[Output]:
+    """Generate for every prompt in chunks of ``adapter.batch_size`` (1: per request).
+
+    Logits an adapter returns are dropped unless ``keep_logits``: at 200 kB per token for a
+    49k vocabulary, a full extraction run would otherwise hold gigabytes it never reads.
+    """
     prompts = list(prompts)
     if not prompts:
         raise HarnessInputError(f"{spec.config_id}: no prompts to generate for")
@@ -79,17 +83,30 @@ def generate_all(adapter: EngineAdapter, spec: ConfigSpec, prompts: Sequence[str
             got = adapter.generate(chunk, max_new_tokens, spec)
             if len(got) != len(chunk):
                 raise HarnessInputError(f"engine {adapter.name!r} returned {len(got)} outputs for {len(chunk)} prompts")
+            if not keep_logits:
+                for out in got:
+                    out.logits = None
             outputs.extend(got)
             bar.update(len(chunk))
     return outputs
 
 
 def teacher_forced_all(adapter: EngineAdapter, spec: ConfigSpec, reference: Sequence[Output],
-                       desc: str = "") -> list[Any]:
-    """The adapter's teacher-forced logits on each reference continuation (list of [T, V])."""
+                       desc: str = "", generated: Sequence[Output] | None = None) -> list[Any]:
+    """The adapter's teacher-forced logits on each reference continuation (list of [T, V]).
+
+    Where ``generated[i]`` (this configuration's own output for the same prompt) produced
+    exactly the reference tokens and carries logits, those are the teacher-forced logits
+    already (the adapter promises it), and the second decode is skipped.
+    """
     logits = []
     with _progress(len(reference), desc or f"{spec.config_id} teacher-forced") as bar:
         for i, ref in enumerate(reference):
+            own = generated[i] if generated is not None else None
+            if own is not None and own.logits is not None and list(own.token_ids) == list(ref.token_ids):
+                logits.append(own.logits)
+                bar.update(1)
+                continue
             got, _ = adapter.teacher_forced_logits(ref.prompt_ids, ref.token_ids, spec)
             if tuple(got.shape)[:1] != (len(ref.token_ids),):
                 raise HarnessInputError(
@@ -123,7 +140,8 @@ class ReferenceOutputs:
             if cached_prompts != prompts_t:
                 raise HarnessInputError(f"reference set {name!r} was built for other prompts; use another name")
         else:
-            outputs = generate_all(self.adapter, self.spec, prompts_t, max_new_tokens, desc=f"reference {name}")
+            outputs = generate_all(self.adapter, self.spec, prompts_t, max_new_tokens, desc=f"reference {name}",
+                                   keep_logits=with_logits)
             self._cache[key] = (prompts_t, outputs)
         if with_logits and any(o.logits is None for o in outputs):
             missing = [o for o in outputs if o.logits is None]
@@ -184,7 +202,7 @@ def equivalence_metrics(adapter: EngineAdapter, spec: ConfigSpec, prompts: Seque
             raise HarnessInputError(f"reference output {i} has no logits; get it with with_logits=True")
         if not ref.token_ids:
             raise HarnessInputError(f"reference output {i} is empty; teacher forcing needs a continuation")
-    candidates = generate_all(adapter, spec, prompts, max_new_tokens)
+    candidates = generate_all(adapter, spec, prompts, max_new_tokens, keep_logits=True)
     ref_ids = [r.token_ids for r in reference_outputs]
     cand_ids = [c.token_ids for c in candidates]
     n_prompts = len(prompts)
@@ -202,7 +220,7 @@ def equivalence_metrics(adapter: EngineAdapter, spec: ConfigSpec, prompts: Seque
     out["prefix_agreement"] = MetricValue(prefix, n_tokens, (lo, hi), "fraction")
 
     ref_logits = [r.logits for r in reference_outputs]
-    cand_logits = teacher_forced_all(adapter, spec, reference_outputs)
+    cand_logits = teacher_forced_all(adapter, spec, reference_outputs, generated=candidates)
     per_prompt_top1 = [float(m.top1_matches(r, c).sum()) for r, c in zip(ref_logits, cand_logits)]
     top1 = m.top1_agreement(ref_logits, cand_logits)
     _, lo, hi = m.bootstrap_ratio_ci(per_prompt_top1, ref_lens)

@@ -46,8 +46,8 @@ or ``RSP_BENCH_HYPOTHESIS_PROFILE``, default ``ci``; see ``SIZES``):
     special tokens in odd places      8       100     lossy + off
     past the context limit            5       50      none (tokenizer only)
 
-so ``ci`` generates about 3,470 examples (measured: 65 of them through the model, plus the
-81-prompt normal corpus; about 156 s of single-thread CPU on the embedded model) and ``dev``
+so ``ci`` generates about 3,470 examples (measured: 67 of them through the model, plus the
+81-prompt normal corpus; about 159 s of single-thread CPU on the embedded model) and ``dev``
 about 18,000 (about 1,100 through the model). The normal corpus is 57 + 12 + 12 prompts with ``--rsp-quick``, 57 + 48 + 48
 without. The at-the-limit check with a prompt that itself fills the context (an 8k-token
 prefill on the embedded model, minutes on 2 cores) runs only without ``--rsp-quick`` or when

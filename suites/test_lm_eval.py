@@ -13,10 +13,10 @@ also equal the harness's own generations of the same prompts (ReferenceAdapter, 
 model's chat template through lm-eval's ``--apply_chat_template`` reaches the same token ids as
 ``engine.encode(prompt, chat=True)``.
 
-Sizes: quick 4 SQuAD questions + 2 documents + the shortest passage per configuration, about
-450 decode steps in all (roughly 30 s on the embedded model on an idle 2-core machine; it took
-6 min at load 7-8 on this shared one, where 4 documents + 1 long passage took 18 min); full
-32 + 16 + the first 4 passages. lm-eval's figures and the pruning stats go to the run record as
+Sizes: quick 2 SQuAD questions + 1 document + the shortest passage per configuration and the 2
+questions regenerated (about 250 decode steps and 10 prefills in all); full 32 + 16 + the first
+4 passages. Measured on the shared 2-core machine at load 6-7: 4 + 2 + 1 took 5.6 min wall
+(183 CPU s), 4 + 4 + a 150-token passage 18 min; an idle machine runs about 10x faster. lm-eval's figures and the pruning stats go to the run record as
 ``lm_eval_<task>_<metric>`` (reported, not gated).
 
 Must NOT compute a figure itself (rsp_bench.metrics / rsp_bench.quality do) or load the engine
@@ -39,7 +39,8 @@ from rsp_bench.quality import extraction_metrics, extraction_prompts
 pytestmark = pytest.mark.lm_eval
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "lm_eval_tasks"
-QUICK = {"rsp_squad": 4, "rsp_structured": 2}
+QUICK = {"rsp_squad": 2, "rsp_structured": 1}
+QUICK_REGENERATE = 2  # SQuAD questions generated again by the harness in quick mode
 FULL = {"rsp_squad": 32, "rsp_structured": 16}
 FULL_PASSAGES = 4
 # The task YAMLs' limits and stop strings; the harness replays the same outputs.
@@ -92,13 +93,15 @@ def lm_eval_runs(rsp_engine, sizes, passages) -> dict[tuple[str, float | None], 
 
     from rsp_bench.lm_eval_model import RSPLM
 
+    # Only this folder's tasks: indexing lm-eval's built-in task tree costs ~12 CPU seconds.
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
     runs = {}
     for mode, s in CONFIGS:
         lm = RSPLM(engine=rsp_engine, mode=mode, sensitivity=0.5 if s is None else s)
         samples = {task: list(range(n)) for task, n in sizes.items()}
         samples["rsp_perplexity"] = passages
         results = lm_eval.simple_evaluate(
-            model=lm, tasks=list(samples), task_manager=TaskManager(include_path=str(TASKS_DIR)),
+            model=lm, tasks=list(samples), task_manager=manager,
             samples=samples,
             apply_chat_template=True, log_samples=True, bootstrap_iters=0, verbosity="WARNING")
         runs[(mode, s)] = {"results": results["results"], "samples": results["samples"],
@@ -149,14 +152,16 @@ def test_lm_eval_scores_match_the_harness_scorer(mode, s, lm_eval_runs, sizes, p
         assert stats["layers_bypassed"] == 0, f"pruning off bypassed {stats['layers_bypassed']} block-steps"
 
 
-def test_lm_eval_generations_with_pruning_off_equal_the_harness_generations(lm_eval_runs, sizes,
+def test_lm_eval_generations_with_pruning_off_equal_the_harness_generations(lm_eval_runs, sizes, rsp_options,
                                                                            rsp_adapter_for) -> None:
-    """SQuAD only (short answers keep this cheap): the same prompts through the harness's own
-    reference adapter, batch 1, give exactly lm-eval's texts once cut at the task's stop string."""
-    squad_items = ds.quick_subset(ds.load_squad(), sizes["rsp_squad"])
+    """SQuAD only (short answers keep this cheap; 2 questions in quick mode): the same prompts
+    through the harness's own reference adapter, batch 1, give exactly lm-eval's texts once cut
+    at the task's stop string."""
+    n = QUICK_REGENERATE if rsp_options.quick else sizes["rsp_squad"]
+    squad_items = ds.quick_subset(ds.load_squad(), n)
     prompts, _ = extraction_prompts(squad_items, [])
     spec, adapter = _spec("off", None), rsp_adapter_for("reference")
     ours = [adapter.generate([p], SQUAD_NEW_TOKENS, spec)[0] for p in prompts]  # batch 1, as lm-eval ran
-    theirs = [text for _, text in _outputs(lm_eval_runs[("off", None)], "rsp_squad")]
+    theirs = [text for _, text in _outputs(lm_eval_runs[("off", None)], "rsp_squad")][:n]
     for i, (o, t) in enumerate(zip(ours, theirs)):
         assert o.text.split(SQUAD_STOP)[0] == t, f"question {squad_items[i].id}: harness {o.text!r} vs lm-eval {t!r}"

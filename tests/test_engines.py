@@ -197,3 +197,21 @@ def test_quality_runner_off_is_exact_and_reference_cache(tiny_engine, off_spec) 
     pruned = equivalence_metrics(ref, lossy, PROMPTS, outs, 8)
     assert 0.0 < pruned["bypass_ratio"].value < 1.0
     assert pruned["blocks_executed_per_token"].value < tiny_engine.dims.n_layers
+
+
+def test_generation_logits_are_the_teacher_forced_ones(tiny_engine, off_spec) -> None:
+    """The reference adapter hands back generation logits only where they equal teacher forcing
+    bit for bit (no router), which lets the runner skip a second decode."""
+    import torch
+
+    ref = get_engine("reference", engine=tiny_engine)
+    static = get_engine("static-shortgpt", engine=tiny_engine).spec_for(2)
+    for spec in (off_spec, static):
+        outs = [ref.generate([p], 8, spec)[0] for p in PROMPTS[:2]]
+        assert all(o.logits is None for o in ref.generate(PROMPTS[:2], 8, spec))  # batched: padding
+        for out in outs:
+            assert out.logits is not None and out.logits.shape[0] == len(out.token_ids)
+            forced, _ = ref.teacher_forced_logits(out.prompt_ids, out.token_ids, spec)
+            assert torch.equal(out.logits, forced)
+    lossy = plan_configs("reference", ["lossy"], [0.5])[1]
+    assert all(o.logits is None for o in ref.generate(PROMPTS[:1], 4, lossy))

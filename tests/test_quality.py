@@ -186,3 +186,25 @@ def test_record_metrics_states_config_and_shares_compute_figures() -> None:
     assert config["metrics"]["top1_agreement"] == {"value": 0.7, "n": 50, "ci": [0.6, 0.8], "unit": "fraction"}
     with pytest.raises(HarnessInputError, match="top1_agreement"):
         record_metrics(builder, spec, {"top1_agreement": MetricValue(0.7, 50, None, "fraction")})
+
+
+def test_runner_reuses_generation_logits_only_for_identical_outputs() -> None:
+    prompts = ["a", "b"]
+    reference = _reference(prompts, [[1, 2], [3, 4]])
+
+    class WithLogits(Fake):
+        def generate(self, prompts, max_new_tokens, spec):
+            outs = super().generate(prompts, max_new_tokens, spec)
+            for o in outs:
+                o.logits = _logits(o.token_ids)
+            return outs
+
+        def teacher_forced_logits(self, prompt_ids, continuation_ids, spec):
+            self.forced.append(tuple(continuation_ids))
+            return _logits([0] * len(continuation_ids)), {}
+
+    fake = WithLogits({"a": [1, 2], "b": [3, 0]})
+    fake.forced = []
+    values = equivalence_metrics(fake, SPEC, prompts, reference, 2)
+    assert fake.forced == [(3, 4)]  # "a" matched: its own logits were used, no second decode
+    assert values["top1_agreement"].value == pytest.approx(2 / 4)
