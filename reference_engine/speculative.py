@@ -97,6 +97,8 @@ class DraftPolicy:
     every step it can, ignoring the cost model (tests).
     margin_eps: the certificate threshold (logits). draft_keep: a fixed keep plan for the pruned
     draft instead of the calibrated one (needs no calibration; skips the degradation checks).
+    learn_priors: a request's prior acceptance per source is the engine's recent acceptance
+    (seeded by ``priors``) rather than ``priors`` itself.
     """
 
     lookup: bool = True
@@ -113,6 +115,7 @@ class DraftPolicy:
     force: str | None = None
     margin_eps: float = MARGIN_EPS
     draft_keep: list[bool] | None = None
+    learn_priors: bool = True
 
 
 class _Costs:
@@ -124,6 +127,12 @@ class _Costs:
         # SmolLM2-135M (the multi-row products cost a step-up at S=2, then little per position).
         self.verify = [1.0, 1.0] + [1.3 + 0.1 * (S - 2) for S in range(2, max_positions + 1)]
         self.pruned: float | None = None  # one pruned draft step
+        self.acceptance: dict[str, _Acceptance] = {}  # per source, across requests
+
+    def engine_prior(self, name: str, prior: float, weight: float) -> "_Acceptance":
+        if name not in self.acceptance:
+            self.acceptance[name] = _Acceptance(prior, 2 * weight)
+        return self.acceptance[name]
 
     def observe_plain(self, dt: float) -> None:
         self.t_plain = dt if self.t_plain is None else (1 - COST_EMA) * self.t_plain + COST_EMA * dt
@@ -150,19 +159,22 @@ class _Costs:
 
 
 _COSTS: "weakref.WeakKeyDictionary[Any, _Costs]" = weakref.WeakKeyDictionary()
+ENGINE_DECAY = 0.98  # per verify pass: the engine's acceptance remembers the last ~50 passes
 
 
 class _Acceptance:
-    """Per-token acceptance of one draft source: decayed successes/failures plus a prior."""
+    """Per-token acceptance of one draft source: decayed successes/failures plus a prior, which
+    is a number or another _Acceptance (a request's estimate leans on the engine's)."""
 
-    def __init__(self, prior: float, weight: float) -> None:
+    def __init__(self, prior: "float | _Acceptance", weight: float) -> None:
         self.prior, self.weight = prior, weight
         self.succ = self.fail = 0.0
         self.drafted = self.accepted = self.passes = 0
 
     @property
     def rate(self) -> float:
-        return (self.succ + self.prior * self.weight) / (self.succ + self.fail + self.weight)
+        prior = self.prior.rate if isinstance(self.prior, _Acceptance) else self.prior
+        return (self.succ + prior * self.weight) / (self.succ + self.fail + self.weight)
 
     def update(self, drafted: int, accepted: int, judged: int) -> None:
         # Geometric model: each accepted draft is a success, the first rejection one failure;
@@ -173,9 +185,9 @@ class _Acceptance:
         self.accepted += accepted
         self.passes += 1
 
-    def decay(self) -> None:
-        self.succ *= EVIDENCE_DECAY
-        self.fail *= EVIDENCE_DECAY
+    def decay(self, factor: float = EVIDENCE_DECAY) -> None:
+        self.succ *= factor
+        self.fail *= factor
 
 
 def expected_gain(a: float, k: int, draft_cost: float, verify_cost: float) -> float:
@@ -346,7 +358,11 @@ class _RowDecoder:
         self.out: list[int] = []
         self.copy_from: int | None = None  # source position when the output is copying a span
         names = ["copy"] + [f"lookup{n}" for n in range(1, policy.ngram_max + 1)] + ["pruned"]
-        self.acc = {name: _Acceptance(policy.priors.get(name, 0.3), policy.prior_weight) for name in names}
+        self.shared: dict[str, _Acceptance] = {}
+        if policy.learn_priors:  # a request starts from what this engine saw lately
+            self.shared = {n: costs.engine_prior(n, policy.priors.get(n, 0.3), policy.prior_weight) for n in names}
+        self.acc = {n: _Acceptance(self.shared.get(n, policy.priors.get(n, 0.3)), policy.prior_weight)
+                    for n in names}
         self.bypassed = 0
         self.plain_steps = self.repairs = self.replayed = self.certificate_failures = 0
         self.step_times: list[float] = []
@@ -463,6 +479,9 @@ class _RowDecoder:
         accepted = sum(1 for i in range(min(len(tokens), k)) if tokens[i] == drafts[i])
         # Without a certificate the verdict on draft i is unknown: count it as neither.
         self.acc[source].update(k, accepted, k if certified else accepted)
+        if source in self.shared:
+            self.shared[source].decay(ENGINE_DECAY)
+            self.shared[source].update(k, accepted, k if certified else accepted)
         # Positions start.. now hold the current token and the accepted drafts; drop the rest.
         self.cache.length = start + len(tokens)
         self.costs.observe_verify(k + 1, time.perf_counter() - t0)

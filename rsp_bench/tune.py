@@ -27,7 +27,10 @@ depend on who else is using the machine while it is measured.
 The recommendation (``recommend``; the same function reads a saved table, so
 ``recommend_from_table(tune.csv, margin)`` reproduces it exactly):
   Q(s) = quality(s) / quality(0)      relative quality (1 at pruning off)
-  V(s) = speed-up(s)                  relative speed (1 at pruning off)
+  V(s) = speed-up(s)                  relative speed (1 at pruning off), except that a speed-up
+      whose 95% CI contains 1 counts as exactly 1: timing noise must not move the knee (nor
+      make a weekly recommendation flip), while the quality figures are deterministic (fixed
+      subset, watermark pinned) and are used as measured
   budget cap: with ``--budget X``, the sweep is cut before the first sensitivity whose quality
       dropped by more than X (absolute: quality(0) - quality(s) > X; top-1 agreement >= 1 - X).
       A later sensitivity that happens to recover is not considered: the curve is noisy and a
@@ -41,8 +44,8 @@ The recommendation (``recommend``; the same function reads a saved table, so
   recommended sensitivity = max(0, s* - margin), rounded to 4 decimals: the safety margin
       (default 0.05; 0.05..0.1 is the sensible range) keeps production off the knee itself,
       where the next step's quality loss begins.
-When the knee is s=0, pruning does not pay on this model and machine: the recommendation is 0
-(off), and tune says so.
+When the knee is s=0, pruning does not pay on this model and machine (no measurable speed-up
+is worth its quality loss): the recommendation is 0 (off), and tune says so.
 
 Files written to ``--out`` (default results/tune), each atomically (rsp_bench.storage):
   tune.csv  one row per sensitivity: the measured figures and the derived Q, U and budget flag
@@ -82,7 +85,8 @@ from rsp_bench.errors import HarnessInputError
 __all__ = [
     "METRICS", "TuneSettings", "TuneRow", "Recommendation", "QUICK", "FULL", "sweep_sensitivities",
     "relative_quality", "utility", "budget_cap_index", "find_knee", "recommend", "recommend_from_table",
-    "read_table", "table_csv", "table_markdown", "render_plot_png", "write_outputs", "run_sweep",
+    "read_table", "recommend_table", "effective_speedup", "table_csv", "table_markdown", "render_plot_png",
+    "write_outputs", "run_sweep",
     "configure_tune_parser", "run_tune",
 ]
 
@@ -91,7 +95,7 @@ CSV_COLUMNS = ("sensitivity", "metric", "quality", "quality_lo", "quality_hi", "
                "speedup", "speedup_lo", "speedup_hi", "speedup_pairs", "decode_tokens_per_s",
                "bypass_ratio", "budget", "relative_quality", "utility", "within_budget")
 # Columns the recommendation is computed from; the rest are for the reader.
-_NEEDED = ("sensitivity", "metric", "quality", "speedup", "budget")
+_NEEDED = ("sensitivity", "metric", "quality", "speedup", "speedup_lo", "speedup_hi", "budget")
 DEFAULT_MARGIN = 0.05
 MAX_MARGIN = 0.5
 # Quality read back from a table must not fail a budget by float noise (1 - 0.95 > 0.05).
@@ -159,6 +163,7 @@ class Recommendation:
     margin: float
     budget: float | None
     relative_quality: tuple[float, ...]
+    effective_speedup: tuple[float, ...]
     utility: tuple[float, ...]
 
     def explain(self) -> str:
@@ -167,8 +172,8 @@ class Recommendation:
             return (f"knee at sensitivity 0{cap}: quality falls faster than speed rises from the first step, "
                     "so pruning does not pay here; recommended 0 (pruning off)")
         return (f"knee at sensitivity {self.knee:g}{cap} (relative quality {self.relative_quality[self.knee_index]:.4f}"
-                f" + speed-up {self.utility[self.knee_index] - self.relative_quality[self.knee_index]:.4f} is the "
-                f"largest); minus the margin {self.margin:g}: recommended {self.sensitivity:g}")
+                f" + speed-up {self.effective_speedup[self.knee_index]:.4f} is the largest); minus the margin "
+                f"{self.margin:g}: recommended {self.sensitivity:g}")
 
 
 def _check_curve(sensitivities: Sequence[float], quality: Sequence[float], speedup: Sequence[float]) -> None:
@@ -202,8 +207,22 @@ def relative_quality(quality: Sequence[float]) -> list[float]:
     return [q / quality[0] for q in quality]
 
 
+def effective_speedup(speedup: Sequence[float], lo: Sequence[float] | None = None,
+                      hi: Sequence[float] | None = None) -> list[float]:
+    """V as the knee uses it: 1 where the speed-up's CI [lo, hi] contains 1, else the speed-up
+    (no CI given: the speed-ups as they are)."""
+    if lo is None or hi is None:
+        return [float(v) for v in speedup]
+    if len(lo) != len(speedup) or len(hi) != len(speedup):
+        raise HarnessInputError(f"{len(speedup)} speed-ups but {len(lo)} lower and {len(hi)} upper CI bounds")
+    for i, (v, a, b) in enumerate(zip(speedup, lo, hi)):
+        if not (math.isfinite(a) and math.isfinite(b) and a <= b):
+            raise HarnessInputError(f"speed-up CI of point {i} must be finite with lo <= hi, got [{a!r}, {b!r}]")
+    return [1.0 if a <= 1.0 <= b else float(v) for v, a, b in zip(speedup, lo, hi)]
+
+
 def utility(quality: Sequence[float], speedup: Sequence[float]) -> list[float]:
-    """U(s) = Q(s) + V(s): what the knee maximises (module docstring)."""
+    """U(s) = Q(s) + V(s) for the V given (pass ``effective_speedup``): what the knee maximises."""
     return [q + v for q, v in zip(relative_quality(quality), speedup)]
 
 
@@ -219,7 +238,7 @@ def budget_cap_index(quality: Sequence[float], budget: float | None) -> int:
 
 
 def find_knee(sensitivities: Sequence[float], quality: Sequence[float], speedup: Sequence[float]) -> int:
-    """Index of the knee: the smallest sensitivity maximising Q + V (module docstring)."""
+    """Index of the knee: the smallest sensitivity maximising Q + V, V as given (module docstring)."""
     _check_curve(sensitivities, quality, speedup)
     u = utility(quality, speedup)
     return max(range(len(u)), key=lambda i: (u[i], -i))
@@ -240,16 +259,19 @@ def _check_budget(budget: float) -> float:
 
 
 def recommend(sensitivities: Sequence[float], quality: Sequence[float], speedup: Sequence[float],
-              margin: float = DEFAULT_MARGIN, budget: float | None = None) -> Recommendation:
-    """Knee of the curve (within the budget), minus the margin (module docstring)."""
+              margin: float = DEFAULT_MARGIN, budget: float | None = None,
+              speedup_lo: Sequence[float] | None = None, speedup_hi: Sequence[float] | None = None) -> Recommendation:
+    """Knee of the curve (within the budget), minus the margin (module docstring). With the
+    speed-ups' CI bounds, a speed-up indistinguishable from 1 counts as 1."""
     margin = _check_margin(margin)
     _check_curve(sensitivities, quality, speedup)
+    v = effective_speedup(speedup, speedup_lo, speedup_hi)
     cap = budget_cap_index(quality, budget)
-    k = find_knee(sensitivities[:cap + 1], quality[:cap + 1], speedup[:cap + 1])
+    k = find_knee(sensitivities[:cap + 1], quality[:cap + 1], v[:cap + 1])
     value = round(max(0.0, sensitivities[k] - margin), 4)
     return Recommendation(sensitivity=value, knee=float(sensitivities[k]), knee_index=k, cap_index=cap,
                           margin=margin, budget=budget, relative_quality=tuple(relative_quality(quality)),
-                          utility=tuple(utility(quality, speedup)))
+                          effective_speedup=tuple(v), utility=tuple(utility(quality, v)))
 
 
 # --------------------------------------------------------------------------- the table
@@ -270,7 +292,8 @@ def table_csv(rows: Sequence[TuneRow]) -> str:
     rec_inputs = ([r.sensitivity for r in rows], [r.quality for r in rows], [r.speedup for r in rows])
     _check_curve(*rec_inputs)
     q_rel = relative_quality(rec_inputs[1])
-    u = utility(rec_inputs[1], rec_inputs[2])
+    u = utility(rec_inputs[1], effective_speedup(rec_inputs[2], [r.speedup_lo for r in rows],
+                                                 [r.speedup_hi for r in rows]))
     budget = rows[0].budget
     cap = budget_cap_index(rec_inputs[1], budget)
     buffer = io.StringIO()
@@ -299,16 +322,18 @@ def read_table(path: str | os.PathLike[str]) -> dict[str, Any]:
     if missing:
         raise HarnessInputError(f"{path} is not a tune.csv: no column(s) {', '.join(missing)} "
                                 f"(header: {reader.fieldnames!r})")
-    sens, quality, speed, metrics, budgets = [], [], [], set(), set()
+    sens, quality, speed, lo, hi, metrics, budgets = [], [], [], [], [], set(), set()
     for lineno, row in enumerate(reader, start=2):
         try:
             sens.append(float(row["sensitivity"]))
             quality.append(float(row["quality"]))
             speed.append(float(row["speedup"]))
+            lo.append(float(row["speedup_lo"]))
+            hi.append(float(row["speedup_hi"]))
         except (TypeError, ValueError):
             raise HarnessInputError(
-                f"{path}:{lineno}: sensitivity, quality and speedup must be numbers, got "
-                f"{row.get('sensitivity')!r}, {row.get('quality')!r}, {row.get('speedup')!r}") from None
+                f"{path}:{lineno}: sensitivity, quality, speedup, speedup_lo and speedup_hi must be numbers, got "
+                f"{[row.get(c) for c in ('sensitivity', 'quality', 'speedup', 'speedup_lo', 'speedup_hi')]!r}") from None
         metrics.add(row["metric"])
         budgets.add(row["budget"] or "")
     if len(metrics) > 1 or len(budgets) > 1:
@@ -319,8 +344,15 @@ def read_table(path: str | os.PathLike[str]) -> dict[str, Any]:
     except ValueError:
         raise HarnessInputError(f"{path}: budget must be a number or empty, got {raw_budget!r}") from None
     _check_curve(sens, quality, speed)
-    return {"sensitivity": sens, "quality": quality, "speedup": speed,
+    effective_speedup(speed, lo, hi)  # checks the bounds
+    return {"sensitivity": sens, "quality": quality, "speedup": speed, "speedup_lo": lo, "speedup_hi": hi,
             "metric": metrics.pop() if metrics else "", "budget": budget}
+
+
+def recommend_table(table: Mapping[str, Any], margin: float, budget: float | None) -> Recommendation:
+    """``recommend`` on what ``read_table`` returned."""
+    return recommend(table["sensitivity"], table["quality"], table["speedup"], margin, budget,
+                     table["speedup_lo"], table["speedup_hi"])
 
 
 _FROM_TABLE: Any = object()
@@ -335,7 +367,7 @@ def recommend_from_table(path: str | os.PathLike[str], margin: float = DEFAULT_M
     """
     table = read_table(path)
     chosen = table["budget"] if budget is _FROM_TABLE else budget
-    return recommend(table["sensitivity"], table["quality"], table["speedup"], margin, chosen).sensitivity
+    return recommend_table(table, margin, chosen).sensitivity
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -367,8 +399,8 @@ def table_markdown(rows: Sequence[TuneRow], rec: Recommendation, meta: Mapping[s
         "",
         tabulate(body, headers=headers, tablefmt="github", disable_numparse=True),
         "",
-        "Knee: the smallest sensitivity maximising U = Q + V (Q: quality relative to pruning off, V: speed-up); "
-        "after it, quality falls faster than speed rises. Recommendation: knee minus the margin, within the budget "
+        "Knee: the smallest sensitivity maximising U = Q + V (Q: quality relative to pruning off, V: speed-up, "
+        "counted as 1 where its 95% CI contains 1); after it, quality falls faster than speed rises. Recommendation: knee minus the margin, within the budget "
         "(rsp_bench/tune.py). Reproduce it from the table:",
         "",
         "    python -c \"from rsp_bench.tune import recommend_from_table as r; "
@@ -432,7 +464,7 @@ def write_outputs(rows: Sequence[TuneRow], out_dir: str | os.PathLike[str], marg
         raise HarnessInputError(f"--out {str(out)!r} exists and is not a folder")
     csv_path = atomic_write_text(out / "tune.csv", table_csv(rows))
     table = read_table(csv_path)
-    rec = recommend(table["sensitivity"], table["quality"], table["speedup"], margin, table["budget"])
+    rec = recommend_table(table, margin, table["budget"])
     md_path = atomic_write_text(out / "tune.md", table_markdown(rows, rec, meta))
     title = f"{meta.get('model', '')}: {rows[0].metric} and speed-up vs sensitivity ({meta.get('setting', '')})"
     png_path = atomic_write_bytes(out / "tune.png", render_plot_png(rows, rec, title))
@@ -687,7 +719,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.from_table:
         table = read_table(args.from_table)
         budget = args.budget if args.budget is not None else table["budget"]
-        rec = recommend(table["sensitivity"], table["quality"], table["speedup"], margin, budget)
+        rec = recommend_table(table, margin, budget)
         print(rec.explain())
         print(f"recommended sensitivity: {rec.sensitivity:g}")
         return 0
@@ -721,10 +753,9 @@ def run_tune(args: argparse.Namespace) -> int:
                      f"{rec.utility[i]:.4f}"] for i, r in enumerate(rows)],
                    headers=["sensitivity", args.metric, "speed-up", "bypass", "U = Q + V"], disable_numparse=True))
     print(rec.explain())
-    knee_row = rows[rec.knee_index]
-    if rec.knee > 0 and knee_row.speedup_lo <= 1.0:
-        print(f"warning: the speed-up at the knee ({knee_row.speedup:.3f}, CI {_ci(knee_row.speedup_lo, knee_row.speedup_hi)}) "
-              "is not distinguishable from 1: pruning may not pay on this machine; measure with --full")
+    if rec.knee > 0 and rec.effective_speedup[rec.knee_index] <= 1.0:
+        print("warning: the knee comes from a quality figure above pruning off's, not from a measured "
+              "speed-up: on a small subset that is chance; measure with --full or more --items")
     print(f"recommended sensitivity: {rec.sensitivity:g}")
     print(f"table: {paths['csv']}, {paths['md']}; plot: {paths['png']}; wall time {wall:.0f} s")
     return 0

@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers prompt lookup")
     ap.add_argument("--no-flips", action="store_true", help="skip the uncertified / perturbation study")
+    ap.add_argument("--no-speed", action="store_true", help="skip the speed comparison (flips only)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -209,18 +210,27 @@ def main(argv: list[str] | None = None) -> int:
     sets = {name: prompts for name, prompts in sets.items() if prompts}
     result: dict[str, Any] = {"model": engine.name, "threads": torch.get_num_threads(), "batch": 1,
                               "load_avg_start": os.getloadavg()}
+    result["complete"] = False
     offs = {}
     for name, prompts in sets.items():
+        if args.no_speed:
+            offs[name] = [run_off(engine, p, args.tokens)["tokens"] for p in prompts]
+            continue
         print(f"speed: {name} ({len(prompts)} prompts, {args.tokens} tokens)", flush=True)
         result[name], offs[name] = speed_set(engine, prompts, args.tokens, args.pld, not args.no_hf)
+        _write_atomic(args.out, result)  # a crash later must not lose an hour of timings
     costs = _COSTS.get(engine)
-    result["cost_model"] = {"t_plain_s": costs.t_plain, "pruned_cost": costs.pruned,
-                            "verify_cost_by_positions": {S: round(costs.verify[S], 3) for S in range(2, 14)}}
+    if costs is not None:
+        result["cost_model"] = {
+            "t_plain_s": costs.t_plain, "pruned_cost": costs.pruned,
+            "verify_cost_by_positions": {S: round(costs.verify[S], 3) for S in range(2, 14)},
+            "acceptance": {n: round(a.rate, 3) for n, a in costs.acceptance.items()}}
     if not args.no_flips:
         print("flips: uncertified lossless and verify-pass perturbation", flush=True)
         prompts = [p for ps in sets.values() for p in ps]
         result["flips"] = flip_study(engine, prompts, [t for name in sets for t in offs[name]], args.tokens)
     result["load_avg_end"] = os.getloadavg()
+    result["complete"] = True
     result["wall_s"] = time.time() - t0
     _write_atomic(args.out, result)
 
@@ -228,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
           f" -> {result['load_avg_end'][0]:.1f}")
     print(f"{'set':6} {'engine':9} {'tok/s':>7} {'x off (median)':>15} {'x off (aggr.)':>14} {'exact':>7}")
     for name in sets:
+        if name not in result:
+            continue
         r = result[name]
         for eng in ENGINES:
             if eng not in r:

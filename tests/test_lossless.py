@@ -25,7 +25,8 @@ from reference_engine.speculative import DraftPolicy, NgramIndex, expected_gain,
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Bonjour", "Who was the Norse leader?",
            "abc abc abc abc abc abc", "12345 + 678 = 13023. 12345 + 678 ="]
 KEEP = [True, False, True, False, True, True]  # the pruned draft bypasses blocks 1 and 3
-PINNED = dict(verify_beta=0.1, pruned_cost=0.5)  # cost model pinned: decisions do not depend on timing
+# Costs and priors pinned: decisions depend neither on timing nor on earlier requests.
+PINNED = dict(verify_beta=0.1, pruned_cost=0.5, learn_priors=False)
 N = 32
 
 
@@ -280,3 +281,20 @@ def test_calibrated_draft_plan_and_degradation(repeating, monkeypatch):
         # blacklist {0, 5}; a quarter of 6 blocks rounds to 2: the two least-harmful others
         assert got.stats["layers_bypassed"] == 2 * got.stats["sources"]["pruned"]["drafted"]
     assert calls == [repeating.dims.n_layers + 1] * 2
+
+
+def test_engine_learns_acceptance_across_requests(tiny_path):
+    """A request's prior is the engine's recent acceptance: after copy-friendly requests the
+    engine expects lookup drafts to be accepted; after random output it expects the opposite."""
+    from reference_engine.speculative import _COSTS
+
+    rates = {}
+    for name, engine in (("repeating", _repeating(tiny_path)), ("varied", _varied(tiny_path))):
+        policy = DraftPolicy(pruned=False, verify_beta=0.1)
+        for prompt in PROMPTS[:3]:
+            _lossless(engine, prompt, policy)
+        used = [a for a in _COSTS[engine].acceptance.values() if a.passes]
+        most = max(used, key=lambda a: a.passes)  # its rate has moved from the seed prior (<= 0.75)
+        rates[name] = sum(a.accepted for a in used) / sum(a.drafted for a in used), most.rate
+    assert rates["repeating"][0] > 0.8 and rates["repeating"][1] > 0.8
+    assert rates["varied"][0] < 0.3 and rates["varied"][1] < 0.3

@@ -76,6 +76,18 @@ def test_budget_caps_the_sweep_at_the_first_violation() -> None:
     assert budget_cap_index([1.0, 0.95], 0.05) == 1
 
 
+def test_a_speed_up_within_noise_counts_as_none() -> None:
+    quality, speed = [1.0, 1.0, 0.97], [1.0, 1.01, 1.2]
+    assert recommend([0.0, 0.5, 1.0], quality, speed, margin=0.05).knee == 1.0  # 2.17 beats 2.01
+    # With CIs: 1.01 [0.95, 1.08] is indistinguishable from off; 1.2 [1.1, 1.3] is not.
+    rec = recommend([0.0, 0.5, 1.0], quality, speed, margin=0.05, speedup_lo=[1.0, 0.95, 1.1],
+                    speedup_hi=[1.0, 1.08, 1.3])
+    assert rec.effective_speedup == (1.0, 1.0, 1.2) and rec.knee == 1.0
+    rec = recommend([0.0, 0.5, 1.0], [1.0, 1.0, 0.7], speed, margin=0.05, speedup_lo=[1.0, 0.95, 1.1],
+                    speedup_hi=[1.0, 1.08, 1.3])
+    assert rec.knee == 0.0 and rec.sensitivity == 0.0  # 0.5 only ties with off: the smaller wins
+
+
 def test_ties_go_to_the_smaller_sensitivity() -> None:
     assert find_knee([0.0, 0.5, 1.0], [1.0, 1.0, 1.0], [1.0, 1.25, 1.25]) == 1
 
@@ -115,7 +127,7 @@ def test_table_round_trip_reproduces_the_recommendation(tmp_path) -> None:
 
 @pytest.mark.parametrize("edit, match", [
     (lambda t: t.replace("sensitivity,", "sens,", 1), "no column"),
-    (lambda t: t.replace("\n0.2,", "\nabc,", 1), r":3: sensitivity, quality and speedup must be numbers"),
+    (lambda t: t.replace("\n0.2,", "\nabc,", 1), r":3: sensitivity, quality, speedup, speedup_lo and speedup_hi must be"),
     (lambda t: t.replace("\n0.0,", "\n0.1,", 1), "must start at sensitivity 0"),
     (lambda t: t.replace("\n0.4,top1_agreement", "\n0.4,squad_f1", 1), "mixes metrics"),
 ])
