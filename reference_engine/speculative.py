@@ -251,9 +251,11 @@ def _lin(x: Tensor, weight: Tensor) -> Tensor:
 
     Why not F.linear: for 2..13 rows MKL's GEMM path packs each weight matrix first, nearly
     doubling a verify pass (~1.8 plain steps at 2 positions). As weight @ x^T (tall and skinny)
-    the product streams the weight about as decode does (~1.35 plain steps at 2 positions).
+    the product streams the weight about as decode does. x must be row-major: elementwise ops on
+    the transposed result come out column-major, and that layout made the down projection 3x
+    slower.
     """
-    return (weight @ x.t()).t()
+    return (weight @ x.contiguous().t()).t()
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:

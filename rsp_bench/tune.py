@@ -3,6 +3,7 @@ recommend the sensitivity to run in production.
 
     rsp-bench tune [--model PATH] [--metric top1_agreement|squad_f1|json_field_f1] [--budget X]
                    [--margin M] [--steps N] [--quick | --full] [--out DIR]
+                   [--items N] [--max-new-tokens N] [--threads N]
     rsp-bench tune --from-table results/tune/tune.csv [--margin M] [--budget X]   # no model
 
 What one sweep measures (sensitivities evenly spaced over [0, 1], 0 included):
@@ -58,8 +59,8 @@ Default (quick) cost, in decode steps of the model at batch 1: 8 equivalence pro
 tokens generated once unpruned (128 steps), then teacher-forced under 6 sensitivities (768
 steps): about 900 steps plus 56 prefills and the model load, on one torch thread (``--threads``).
 On the embedded model that is about a minute on an idle 2-core machine (DESIGN.md: ~35 ms per
-step). Measured on this shared machine at load 7-8 (five other jobs on two cores, ~0.7 s per
-step): 24 tokens per prompt (1,350 steps) took 17 min, which is why the default is 16.
+step). Measured on this shared machine: the default took 3.2 min wall (99 CPU s) at load 4-5;
+24 tokens per prompt (1,350 steps, two threads) took 17 min at load 7-8, hence 16.
 ``--full``: 11 sensitivities, 48 prompts x 64 tokens (about 37,000 steps: a dedicated runner).
 
 Must NOT import pytest; torch, transformers and the engine are imported only by a sweep (not
