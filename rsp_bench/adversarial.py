@@ -840,6 +840,9 @@ def register_profiles(database_dir: str | os.PathLike[str] = DEFAULT_DATABASE_DI
         "dev",
         settings(
             max_examples=DEV_MAX_EXAMPLES,
+            # Explicit: a bare settings() inherits the loaded default, which hypothesis
+            # switches to its derandomized built-in "ci" profile when $CI is set.
+            derandomize=False,
             deadline=None,
             database=db,
             suppress_health_check=[HealthCheck.too_slow],

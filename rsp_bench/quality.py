@@ -154,11 +154,6 @@ class ReferenceOutputs:
 # --------------------------------------------------------------------------- equivalence
 
 
-def _ratio_metric(numerators: Sequence[float], denominators: Sequence[float], unit: str, n: int) -> MetricValue:
-    value, lo, hi = m.bootstrap_ratio_ci(numerators, denominators)
-    return MetricValue(value, n, (lo, hi), unit)
-
-
 def _compute_metrics(outputs: Sequence[Output]) -> dict[str, MetricValue]:
     """bypass_ratio and blocks_executed_per_token from the generation stats (if reported)."""
     needed = ("layers_bypassed", "total_tokens", "blocks")
