@@ -65,6 +65,18 @@ def weights_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+
+def check_rows_fit(rows: "list[_Row]", max_new: int, max_positions: int) -> None:
+    """Raise PromptError naming the first prompt that is empty or leaves no room for max_new tokens."""
+    for i, r in enumerate(rows):
+        if not r.ids:
+            raise PromptError(f"prompt {i} encodes to no tokens: {r.prompt!r}")
+        if len(r.ids) + max_new > max_positions:
+            raise PromptError(
+                f"prompt {i} is {len(r.ids)} tokens; with max_new_tokens={max_new} it exceeds the "
+                f"model's context of {max_positions} tokens")
+
+
 class Engine:
     """A loaded model plus its calibration. Thread-compatible, not thread-safe."""
 
@@ -193,13 +205,7 @@ class Engine:
              seed: int | None, forced: list[list[int]] | None, log_file: IO[str] | None,
              keep_logits: bool = False) -> list[GenerationResult]:
         w, dims, B = self.weights, self.dims, len(rows)
-        for i, r in enumerate(rows):
-            if not r.ids:
-                raise PromptError(f"prompt {i} encodes to no tokens: {r.prompt!r}")
-            if len(r.ids) + max_new > dims.max_positions:
-                raise PromptError(
-                    f"prompt {i} is {len(r.ids)} tokens; with max_new_tokens={max_new} it exceeds the "
-                    f"model's context of {dims.max_positions} tokens")
+        check_rows_fit(rows, max_new, dims.max_positions)
         t_start = time.perf_counter()
         S = max(len(r.ids) for r in rows)
         capacity = S + max_new

@@ -69,7 +69,6 @@ import torch
 import torch.nn.functional as F
 
 from .config import PruningConfig
-from .errors import PromptError
 from .model import BlockWeights, KVCache, ModelDims, ModelWeights, apply_rope, decode_step, prefill, rms_norm
 
 if TYPE_CHECKING:
@@ -605,19 +604,13 @@ def _source_stats(drafted: int, accepted: int, passes: int) -> dict[str, Any]:
 def generate_lossless(engine: "Engine", rows: list["_Row"], max_new_tokens: int, cfg: PruningConfig,
                       log_file: IO[str] | None, policy: DraftPolicy | None = None) -> list["GenerationResult"]:
     """Greedy generation equal to mode "off" at batch 1, sped up by verified drafts; one row at a time."""
-    from .engine import GenerationResult
+    from .engine import GenerationResult, check_rows_fit
 
     policy = policy or DraftPolicy()
     if policy.force not in (None, "lookup", "pruned"):
         raise ValueError(f"DraftPolicy.force must be None, 'lookup' or 'pruned', got {policy.force!r}")
     dims = engine.dims
-    for i, r in enumerate(rows):
-        if not r.ids:
-            raise PromptError(f"prompt {i} encodes to no tokens: {r.prompt!r}")
-        if len(r.ids) + max_new_tokens > dims.max_positions:
-            raise PromptError(
-                f"prompt {i} is {len(r.ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
-                f"model's context of {dims.max_positions} tokens")
+    check_rows_fit(rows, max_new_tokens, dims.max_positions)
     costs = _COSTS.setdefault(engine, _Costs())
     detail: list[str] | None = [] if cfg.log_level == "DETAILED" else None
     results = []

@@ -124,6 +124,29 @@ def test_extraction_metrics_scores_and_deltas() -> None:
         extraction_metrics(same, SPEC, items, docs, None, 0)
 
 
+def test_extraction_metrics_scores_given_answers_without_generating() -> None:
+    items = [SquadItem("q1", "t", "ctx", "Who?", ["Rollo"])]
+    docs = [StructuredDoc("d1", "invoice", "text", {"total_amount": 120.5})]
+    reference = {"squad": [Output("Rollo", [1], [0], {})], "json": [Output('{"total_amount": 1}', [1], [0], {})]}
+    engine = Fake({})  # any generate call would raise KeyError
+    values = extraction_metrics(engine, SPEC, items, docs, reference, 16, answers=reference)
+    assert engine.calls == []
+    assert values["squad_f1"].value == 1.0 and values["json_field_f1"].value == 0.0
+    assert values["squad_f1_delta"].value == 0.0 == values["json_field_f1_delta"].value
+    with pytest.raises(HarnessInputError, match="'json'"):
+        extraction_metrics(engine, SPEC, items, docs, reference, 16, answers={"squad": reference["squad"]})
+
+
+def test_reference_outputs_know_their_own_configuration() -> None:
+    from rsp_bench.quality import ReferenceOutputs
+
+    refs = ReferenceOutputs(Fake({}), ConfigSpec("reference/off", "reference", "off", None))
+    assert refs.is_reference(ConfigSpec("reference/off", "reference", "off", None))
+    assert not refs.is_reference(ConfigSpec("reference/lossy/s=0.50", "reference", "lossy", 0.5))
+    assert not refs.is_reference(ConfigSpec("mine/off", "mine", "off", None))
+    assert not refs.is_reference(ConfigSpec("reference/off", "reference", "off", None, {"batch_size": 4}))
+
+
 def test_repository_budgets_load_and_apply() -> None:
     budgets = load_budgets(REPO / "suites" / "budgets.toml")
     off = budget_for(budgets, ConfigSpec("reference/off", "reference", "off", None))
