@@ -551,6 +551,9 @@ _FENCE = re.compile(r"```[A-Za-z0-9_+-]*")
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
 _NEXT_CLOSER = re.compile(r"\s*[}\]]")
 _NEXT_COLON = re.compile(r"\s*:")
+# A flat "key": value pair of an object cut short (a string left open at the line's end, a
+# missing brace): small models often end their JSON this way, mid-object.
+_LOOSE_PAIR = re.compile(r'"([^"\n]+)"\s*:\s*(?:"([^"\n]*)"?|([^,\n}]+))')
 
 
 def _matching_brace(text: str, start: int) -> int | None:
@@ -622,7 +625,9 @@ def parse_json_answer(text: str) -> dict | None:
     """First balanced {...} object in a model's answer that parses, leniently; else None.
 
     Tolerates ``` fences, prose around the object, single quotes, trailing commas,
-    True/False/None and unquoted keys. Scoring stays strict: this only recovers the object.
+    True/False/None and unquoted keys; when no object parses, the flat ``"key": value`` pairs
+    of an object cut short (a string left open at a line end, no closing brace) are recovered.
+    Scoring stays strict: this only recovers the object, for pruned and unpruned alike.
     """
     if not isinstance(text, str):
         raise HarnessInputError(f"parse_json_answer expects a string, got {text!r:.200}")
@@ -639,7 +644,25 @@ def parse_json_answer(text: str) -> dict | None:
                 continue
             if isinstance(obj, dict):
                 return obj
-    return None
+    return _loose_pairs(text)
+
+
+def _loose_pairs(text: str) -> dict | None:
+    """The flat double-quoted ``"key": value`` pairs after the first ``{``, or None if there are none."""
+    start = text.find("{")
+    if start < 0:
+        return None
+    out: dict = {}
+    for key, quoted, bare in _LOOSE_PAIR.findall(text, start):
+        if bare:
+            bare = bare.strip()
+            try:
+                out[key] = json.loads(bare)
+            except json.JSONDecodeError:
+                out[key] = bare
+        else:
+            out[key] = quoted
+    return out or None
 
 
 # --------------------------------------------------------------------------------------

@@ -310,7 +310,9 @@ def test_squad_matches_official_script(prediction, golds):
         ('Here: {"outer": {"inner": 1}} and {"second": 2}', {"outer": {"inner": 1}}),
         ('{"note": "a } inside", "n": 1}', {"note": "a } inside", "n": 1}),
         ('Use {curly} then {"a": 5}', {"a": 5}),   # the first balanced object fails, the next parses
-        ('{"a": 1', None),                          # unbalanced
+        ('{"a": 1', {"a": 1}),                      # unbalanced: the pairs are recovered
+        ('{\n  "g": "7.0%",\n  "m": 5.9,\n  "r": "12.9%\n}', {"g": "7.0%", "m": 5.9, "r": "12.9%"}),  # string left open
+        ("{'a': 1", None),                          # single-quoted keys are not guessed at
         ("no json here", None),
         ('{"vendor": "O\'Brien Ltd."}', {"vendor": "O'Brien Ltd."}),
     ],
