@@ -79,6 +79,7 @@ class RspOptions:
     update_baseline: bool
     gate: bool
     max_new_tokens: int | None = None
+    subset_seed: int = 0  # which seeded subset of the fixtures the suites draw; 0 = the baseline's
 
 
 @dataclass
@@ -121,6 +122,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write the record but do not compare it with the baseline")
     group.addoption("--rsp-max-new-tokens", metavar="N", default=None,
                     help="override every suite's max_new_tokens")
+    group.addoption("--rsp-subset-seed", metavar="N", default="0",
+                    help="seed of the fixture subsets the suites draw (default 0, the baseline's); "
+                         "another seed checks that figures reproduce on prompts nobody tuned to, "
+                         "and is never gated")
 
 
 def parse_sensitivities(text: str) -> tuple[float, ...]:
@@ -181,6 +186,12 @@ def _parse_options(config: pytest.Config) -> RspOptions:
             max_new = 0
         if max_new < 1:
             raise pytest.UsageError(f"--rsp-max-new-tokens: {raw_max!r} is not an integer >= 1")
+    raw_seed = str(config.getoption("--rsp-subset-seed"))
+    if not raw_seed.isdigit():
+        raise pytest.UsageError(f"--rsp-subset-seed: {raw_seed!r} is not an integer >= 0")
+    subset_seed = int(raw_seed)
+    if subset_seed and config.getoption("--rsp-update-baseline"):
+        raise pytest.UsageError(f"--rsp-update-baseline needs the baseline's prompts: drop --rsp-subset-seed {raw_seed}")
     results = Path(config.getoption("--rsp-results")).expanduser()
     if not results.is_absolute():
         results = Path(config.invocation_params.dir) / results
@@ -191,7 +202,8 @@ def _parse_options(config: pytest.Config) -> RspOptions:
         raise pytest.UsageError(f"--rsp-model: {model!r} does not exist (a model folder or .gguf file)")
     return RspOptions(model=model, sensitivities=sensitivities, modes=modes, engine=engine, quick=quick,
                       results_dir=results, update_baseline=bool(config.getoption("--rsp-update-baseline")),
-                      gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new)
+                      gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new,
+                      subset_seed=subset_seed)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -253,6 +265,7 @@ def rsp_record(pytestconfig: pytest.Config) -> "RunRecordBuilder":
         from rsp_bench.records import RunRecordBuilder
 
         state.builder = RunRecordBuilder(quick=state.options.quick, created_utc=state.created_utc)
+        state.builder.set_extra("subset_seed", state.options.subset_seed)
     return state.builder
 
 
@@ -383,6 +396,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             return
         if not options.gate:
             lines.append("gate: skipped (--rsp-no-gate)")
+            return
+        if options.subset_seed:
+            lines.append(f"gate: skipped (--rsp-subset-seed {options.subset_seed}: other prompts than the baseline's)")
             return
         baseline = load_baseline(baselines_dir, record)
     except (HarnessInputError, OSError) as exc:

@@ -56,7 +56,7 @@ def eq_max_new(rsp_options) -> int:
 @pytest.fixture(scope="module")
 def eq_prompts(rsp_options) -> list[str]:
     n = QUICK_PROMPTS if rsp_options.quick else FULL_PROMPTS
-    return [p.text for p in ds.quick_subset(ds.load_prompts(), n)]
+    return [p.text for p in ds.quick_subset(ds.load_prompts(), n, seed=rsp_options.subset_seed)]
 
 
 @pytest.fixture(scope="module")

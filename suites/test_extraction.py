@@ -53,7 +53,8 @@ def max_new(rsp_options) -> tuple[int, int]:
 def items(rsp_options) -> tuple[list, list]:
     n_squad, n_docs = (QUICK_SQUAD, QUICK_DOCS) if rsp_options.quick else (FULL_SQUAD, FULL_DOCS)
     # Seeded shuffles: the subset spans articles and document kinds, not the head of a file.
-    return ds.quick_subset(ds.load_squad(), n_squad), ds.quick_subset(ds.load_structured(), n_docs)
+    seed = rsp_options.subset_seed
+    return ds.quick_subset(ds.load_squad(), n_squad, seed=seed), ds.quick_subset(ds.load_structured(), n_docs, seed=seed)
 
 
 @pytest.fixture(scope="module")

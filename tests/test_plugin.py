@@ -67,10 +67,11 @@ def test_options_parse(pytester: pytest.Pytester, tiny_model_dir: Path) -> None:
             assert rsp_options.results_dir == Path({str(pytester.path)!r}) / "out"
             assert rsp_options.update_baseline is False and rsp_options.gate is False
             assert rsp_options.max_new_tokens == 7
+            assert rsp_options.subset_seed == 3
     """)
     result = pytester.runpytest("--rsp-model", str(tiny_model_dir), "--rsp-sensitivity", "0.25, 1.0,0.25",
                                 "--rsp-mode", "lossy,lossless", "--rsp-quick", "--rsp-results", "out",
-                                "--rsp-no-gate", "--rsp-max-new-tokens", "7")
+                                "--rsp-no-gate", "--rsp-max-new-tokens", "7", "--rsp-subset-seed", "3")
     result.assert_outcomes(passed=1)
 
 
@@ -99,6 +100,8 @@ def test_defaults_and_config_parametrization(pytester: pytest.Pytester) -> None:
     (["--rsp-engine", "nope"], "'nope'"),
     (["--rsp-max-new-tokens", "0"], "'0'"),
     (["--rsp-model", "/no/such/model"], "'/no/such/model'"),
+    (["--rsp-subset-seed", "-1"], "'-1'"),
+    (["--rsp-subset-seed", "1", "--rsp-update-baseline"], "1"),
 ])
 def test_bad_option_is_a_usage_error_naming_the_value(pytester: pytest.Pytester, args, named) -> None:
     pytester.makepyfile(test_x="def test_x(): pass")
