@@ -6,7 +6,7 @@ Must not import torch or the harness: a configuration is plain data.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import ConfigError

@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
@@ -28,7 +27,7 @@ from . import calibration as calib_mod
 from . import degradation
 from .config import PruningConfig
 from .errors import PromptError
-from .model import BypassMap, KVCache, ModelWeights, decode_step, logits_from_hidden, prefill, weights_from_hf
+from .model import BypassMap, KVCache, decode_step, logits_from_hidden, prefill, weights_from_hf
 from .model_loading import cache_root, file_digest, load_hf_model, load_tokenizer, resolve_model
 from .router import (Router, RouterCalibration, density_factor, density_of_text, sample_watermark,
                      watermark_factor)
@@ -65,7 +64,6 @@ def weights_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-
 def check_rows_fit(rows: "list[_Row]", max_new: int, max_positions: int) -> None:
     """Raise PromptError naming the first prompt that is empty or leaves no room for max_new tokens."""
     for i, r in enumerate(rows):
@@ -95,7 +93,6 @@ class Engine:
         self._calibration: calib_mod.Calibration | None = None
         self._bypass: list[BypassMap | None] | None = None
         self._stream: torch.Tensor | None = None
-        self._softmax_scratch: tuple[np.ndarray, np.ndarray] | None = None
 
     # ---- loading ----
     @classmethod
@@ -380,20 +377,18 @@ class Engine:
         return Router(rc, len(rows), cfg.sensitivity, cfg.tau0, cfg.blacklist_for(self.dims.n_layers),
                       f_density, watermark_factor(wm), cfg.probe_interval)
 
-    def _observe(self, router: Router, stream: torch.Tensor, logits: torch.Tensor, keep: list[bool]) -> None:
-        # numpy on zero-copy views and reused scratch arrays: after a decode step has streamed
-        # 0.5 GB of weights, torch's fresh allocations (page faults) and thread-pool wake-ups
-        # cost several times the math on arrays this small (0.8 ms per token against 0.3 ms).
+    @staticmethod
+    def _observe(router: Router, stream: torch.Tensor, logits: torch.Tensor, keep: list[bool]) -> None:
+        # numpy over zero-copy views: on arrays this small, right after a step that streamed
+        # 0.5 GB of weights, torch's per-op overhead cost more than the math (router time per
+        # token 1.12 ms with torch ops, 0.75 ms with these; same figures).
         s = stream.numpy()  # [L+1, B, H]
         norms = np.sqrt(np.einsum("lbh,lbh->bl", s, s))  # [B, L+1]
         d = s[1:] - s[:-1]
         updates = np.sqrt(np.einsum("lbh,lbh->bl", d, d))  # [B, L]
         z = logits.numpy()
-        if self._softmax_scratch is None or self._softmax_scratch[0].shape != z.shape:
-            self._softmax_scratch = (np.empty_like(z), np.empty_like(z))
-        shifted, e = self._softmax_scratch
-        np.subtract(z, z.max(axis=-1, keepdims=True), out=shifted)
-        np.exp(shifted, out=e)
+        shifted = z - z.max(axis=-1, keepdims=True)
+        e = np.exp(shifted)
         total = e.sum(axis=-1)
         entropy = np.log(total) - np.einsum("bv,bv->b", e, shifted) / total  # nats, -sum p log p
         router.observe(norms, updates, entropy, keep)

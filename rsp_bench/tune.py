@@ -503,24 +503,6 @@ def _timing(stats: Mapping[str, Any], tokens: int, what: str) -> Any:
                       batch=1, new_tokens=tokens, method=f"engine stats ({what})", bypass_counts=counts)
 
 
-class _ReplayAdapter:
-    """Answers each prompt with the output already generated for it (so rsp_bench.quality scores
-    the outputs whose speed was measured, without generating them twice)."""
-
-    name = "reference"
-    modes = ("off", "lossy")
-    batch_size = 1
-
-    def __init__(self, by_prompt: Mapping[str, Any]) -> None:
-        self.by_prompt = by_prompt
-
-    def generate(self, prompts: list[str], max_new_tokens: int, spec: Any) -> list[Any]:
-        return [self.by_prompt[p] for p in prompts]
-
-    def teacher_forced_logits(self, *args: Any) -> Any:
-        raise HarnessInputError("replayed outputs have no teacher-forced logits")
-
-
 def _interleaved(sensitivities: Sequence[float], n: int, run_one: Callable[[float, int], Any],
                  progress: Callable[[str], None]) -> Any:
     """One InterleavedBench whose round i runs item i under every sensitivity, in rotated order;
@@ -618,7 +600,8 @@ def _sweep_extraction(engine: Any, metric: str, sensitivities: Sequence[float], 
     bench = _interleaved(sensitivities, len(prompts), run_one, progress)
     quality = {}
     for s in sensitivities:
-        mv = extraction_metrics(_ReplayAdapter(outputs[s]), specs[s], squad, docs, None, max_new)[metric]
+        answers = {"squad": [outputs[s][p] for p in squad_prompts], "json": [outputs[s][p] for p in json_prompts]}
+        mv = extraction_metrics(None, specs[s], squad, docs, None, max_new, answers=answers)[metric]
         lo, hi = mv.ci if mv.ci is not None else (mv.value, mv.value)
         quality[s] = (mv.value, lo, hi, mv.n)
     return quality, bench
