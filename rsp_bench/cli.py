@@ -162,7 +162,7 @@ def _run_run(args: argparse.Namespace) -> int:
         argv.append("--rsp-update-baseline")
     code = int(pytest.main(argv))
     out = Path(args.results)
-    paths = leaderboard.write_leaderboard(out / "runs", out)
+    paths = leaderboard.write_leaderboard(out, out)  # a results folder: its runs/ are read
     print()
     print(Path(paths["md"]).read_text())
     print(f"leaderboard: {paths['md']}, {paths['html']}, {paths['png']}")

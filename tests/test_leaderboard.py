@@ -163,3 +163,18 @@ def test_baseline_cli_update_and_show(tmp_path: Path, capsys: pytest.CaptureFixt
     assert run_baseline(_parse(configure_baseline_parser, ["show", "--results", str(results)])) == 0
     shown = capsys.readouterr().out
     assert "tiny__f00dfeed0001.json" in shown and "20250201T000000Z-000002 (quick)" in shown
+
+
+def test_rsp_bench_run_rebuilds_the_leaderboard_from_its_results_folder(tmp_path: Path, monkeypatch) -> None:
+    """`rsp-bench run --results DIR` must read DIR/runs (it once read DIR/runs/runs: an empty board)."""
+    import pytest as pytest_module
+
+    from rsp_bench import cli
+
+    for record in _records():
+        write_record(record, tmp_path)
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "test_equivalence.py").write_text("")
+    monkeypatch.setattr(pytest_module, "main", lambda argv: 0)  # the suites themselves are not under test
+    assert cli.main(["run", "--results", str(tmp_path), "--suites", str(tmp_path / "suites")]) == 0
+    assert f"Built from {len(_records())} run record(s)" in (tmp_path / "leaderboard.md").read_text()
