@@ -44,7 +44,7 @@ def test_unknown_engine_names_the_value() -> None:
 
 
 def test_register_engine_decorator_and_duplicates(monkeypatch) -> None:
-    monkeypatch.setattr(eng, "_REGISTRY", dict(eng._REGISTRY))
+    monkeypatch.setattr(eng.base, "_REGISTRY", dict(eng.base._REGISTRY))
 
     class Echo:
         name, modes, batch_size = "echo", ("off",), 1
@@ -80,10 +80,10 @@ def test_entry_point_engine_is_loaded_on_first_use(monkeypatch, tmp_path) -> Non
             return Adapter()
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(eng, "_REGISTRY", dict(eng._REGISTRY))
+    monkeypatch.setattr(eng.base, "_REGISTRY", dict(eng.base._REGISTRY))
     ep = importlib.metadata.EntryPoint("third-party", "my_rsp_engine:factory", eng.ENTRY_POINT_GROUP)
     broken = importlib.metadata.EntryPoint("broken", "no_such_module_xyz:factory", eng.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(eng, "_entry_points", lambda: {"third-party": ep, "broken": broken})
+    monkeypatch.setattr(eng.base, "_entry_points", lambda: {"third-party": ep, "broken": broken})
     assert "third-party" in available_engines()
     assert get_engine("third-party").name == "third-party"
     with pytest.raises(HarnessInputError, match="'broken'"):
