@@ -14,7 +14,10 @@ Decision rule, metric by metric, for every configuration present in both records
     and "improved" additionally need the two-sided Mann-Whitney U p-value below ``alpha``
     (and the sample medians moving the same way), so noise alone does not fail the gate.
 Metrics or configurations on one side only are "new" / "missing": reported, never failing
-(a quick run holds a subset of a full baseline).
+(a quick run holds a subset of a full baseline), except in CI mode (``GateReport.ci_problems``):
+there a configuration with no baseline, or a comparison that gated nothing, fails.
+Timing metrics (``rsp_bench.baselines.metric_scope`` "machine") are "info" when there is no
+speed baseline for this machine: reported, not gated, and the summary says so.
 
 Must NOT import torch, transformers, reference_engine, numpy or scipy: the gate runs in
 the lightest CI job there is.
@@ -36,7 +39,7 @@ from typing import Any, Mapping, Sequence
 
 from tabulate import tabulate
 
-from rsp_bench.baselines import load_baseline
+from rsp_bench.baselines import DEFAULT_BASELINES_DIR, load_baseline, metric_scope
 from rsp_bench.errors import PolicyError, RecordError
 from rsp_bench.records import latest_records, load_record, validate_record
 
@@ -257,9 +260,27 @@ class GateReport:
     run_id: str = ""
     policy_source: str = ""
 
+    speed_gated: bool = True
+
     @property
     def passed(self) -> bool:
         return not any(row["verdict"] == "regressed" for row in self.rows)
+
+    @property
+    def gated_count(self) -> int:
+        """Metrics actually judged against a tolerance (ok, improved or regressed)."""
+        return sum(1 for row in self.rows if row["verdict"] in ("ok", "improved", "regressed"))
+
+    def ci_problems(self) -> list[str]:
+        """Why CI mode fails a comparison that passed: configurations with no baseline, or
+        nothing gated at all. Empty when there is nothing to object to."""
+        problems = []
+        new = sorted({row["config"] for row in self.rows if row["verdict"] == "new" and row["metric"] == "(all)"})
+        if new:
+            problems.append(f"{len(new)} configuration(s) have no baseline: {', '.join(new)}")
+        if self.gated_count == 0:
+            problems.append("no metric was gated")
+        return problems
 
     @property
     def regressions(self) -> list[dict[str, Any]]:
@@ -274,7 +295,9 @@ class GateReport:
         order = ("regressed", "improved", "ok", "new", "missing", "info")
         counts = ", ".join(f"{tally[v]} {v}" for v in order if tally[v])
         state = "PASSED" if self.passed else "FAILED"
-        return f"rsp-bench gate {state}: {counts or 'nothing to compare'} (baseline {self.baseline_id}, run {self.run_id}; {self.policy_source})"
+        speed = "" if self.speed_gated else "; speed reported, not gated (no speed baseline for this machine)"
+        return (f"rsp-bench gate {state}: {counts or 'nothing to compare'} (baseline {self.baseline_id}, "
+                f"run {self.run_id}; {self.policy_source}{speed})")
 
     def format_table(self, tablefmt: str = "simple") -> str:
         """Every row as a readable table (tabulate), warnings first, a summary line last."""
@@ -366,17 +389,20 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
                 tolerance=rule.describe(), p_value=p_value, note=note)
 
 
-def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy | None = None) -> GateReport:
+def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy | None = None, *,
+            speed_gated: bool = True) -> GateReport:
     """Compare ``run`` against ``baseline`` (both run records) metric by metric.
 
-    Rows come in a deterministic order: configurations sorted by id, metrics by name.
-    Records are validated first so a malformed one raises RecordError, not KeyError.
+    ``speed_gated=False`` (no speed baseline for this machine) turns every machine-scope
+    metric into "info". Rows come in a deterministic order: configurations sorted by id,
+    metrics by name. Records are validated first so a malformed one raises RecordError.
     """
     policy = policy or load_policy()
     validate_record(baseline, source="baseline")
     validate_record(run, source="run")
     warnings = []
-    for field_name, key in (("model", "name"), ("machine", "fingerprint")):
+    checked = (("model", "name"), ("machine", "fingerprint")) if speed_gated else (("model", "name"),)
+    for field_name, key in checked:
         if baseline[field_name][key] != run[field_name][key]:
             warnings.append(
                 f"{field_name}.{key} differs: baseline {baseline[field_name][key]!r}, run {run[field_name][key]!r}"
@@ -396,7 +422,11 @@ def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy 
             continue
         base_metrics, run_metrics = base_configs[config]["metrics"], run_configs[config]["metrics"]
         for metric in sorted(set(base_metrics) | set(run_metrics)):
-            if metric not in run_metrics:
+            if not speed_gated and metric_scope(metric) == "machine":
+                value = run_metrics.get(metric, base_metrics.get(metric))
+                rows.append(_row(config, metric, "info", now=float(value["value"]) if metric in run_metrics else None,
+                                 note="speed: no baseline for this machine"))
+            elif metric not in run_metrics:
                 rows.append(_row(config, metric, "missing", baseline=float(base_metrics[metric]["value"]),
                                  note="metric not in this run"))
             elif metric not in base_metrics:
@@ -407,7 +437,7 @@ def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy 
     if not any(c in base_configs for c in run_configs):
         warnings.append("no configuration is present in both records: nothing was gated")
     return GateReport(rows=rows, warnings=warnings, baseline_id=baseline["run_id"], run_id=run["run_id"],
-                      policy_source=policy.source)
+                      policy_source=policy.source, speed_gated=speed_gated)
 
 
 # --------------------------------------------------------------------------- CLI glue
@@ -419,33 +449,44 @@ def configure_gate_parser(p: argparse.ArgumentParser) -> None:
                    help="baseline record (default: the one for the run's model and machine under --baselines)")
     p.add_argument("--run", metavar="FILE", help="run record to judge (default: the newest under --results)")
     p.add_argument("--policy", metavar="FILE", help="TOML policy layered over the default gate policy")
-    p.add_argument("--results", metavar="DIR", default="results", help="results folder (default: results)")
-    p.add_argument("--baselines", metavar="DIR", help="baselines folder (default: <results>/baselines)")
+    p.add_argument("--results", metavar="DIR", default="results/local",
+                   help="results folder whose newest run record is judged (default: results/local)")
+    p.add_argument("--baselines", metavar="DIR", default=str(DEFAULT_BASELINES_DIR),
+                   help=f"baselines folder (default: {DEFAULT_BASELINES_DIR})")
+    p.add_argument("--ci", action="store_true",
+                   help="CI mode: also fail when a configuration has no baseline or nothing was gated")
 
 
 def run_gate(args: argparse.Namespace) -> int:
-    """Print the gate table; 1 if anything regressed, 0 otherwise (also when there is no baseline)."""
+    """Print the gate table; 1 if anything regressed (or, with --ci, if nothing could be
+    gated), 0 otherwise."""
     policy = load_policy(args.policy)
     if args.run:
         run = load_record(args.run)
     else:
         newest = latest_records(args.results, limit=1)
         if not newest:
-            raise RecordError(f"{Path(args.results) / 'runs'}: no run records to gate (pass --run FILE)")
+            raise RecordError(f"--results: {Path(args.results) / 'runs'} holds no run records to gate (pass --run FILE)")
         run = newest[0]
+    speed_gated = True
     if args.baseline:
+        if not Path(args.baseline).exists():
+            raise RecordError(f"--baseline: {args.baseline!r} does not exist")
         baseline = load_record(args.baseline)
     else:
-        baselines_dir = args.baselines or str(Path(args.results) / "baselines")
-        baseline = load_baseline(baselines_dir, run)
+        found = load_baseline(args.baselines, run)
+        baseline, speed_gated = found.merged(), found.speed is not None
         if baseline is None:
-            print(
-                f"warning: no baseline for model {run['model']['name']!r} on machine "
-                f"{run['machine']['fingerprint']} under {baselines_dir}; nothing gated "
-                f"(create one with: rsp-bench baseline update RECORD)",
-                file=sys.stderr,
-            )
-            return 0
-    report = compare(baseline, run, policy)
+            message = (f"no baseline for model {run['model']['name']!r}, engine "
+                       f"{run['extra'].get('engine_under_test', 'reference')!r} under {args.baselines} "
+                       f"(looked for {found.quality_path.name}); create one with: rsp-bench baseline update RECORD")
+            print(("rsp-bench gate FAILED (--ci): " if args.ci else "warning: ") + message, file=sys.stderr)
+            return 1 if args.ci else 0
+    report = compare(baseline, run, policy, speed_gated=speed_gated)
     print(report.format_table())
-    return 0 if report.passed else 1
+    if not report.passed:
+        return 1
+    if args.ci and report.ci_problems():
+        print("rsp-bench gate FAILED (--ci): " + "; ".join(report.ci_problems()), file=sys.stderr)
+        return 1
+    return 0

@@ -15,9 +15,22 @@ Suites under ``suites/`` use these session fixtures (the names are a contract):
   rsp_record             the session's RunRecordBuilder; suites call add_metric on it
 
 At session end, if any metric was added, the record is written atomically to
-``<results>/runs/``; with --rsp-update-baseline it becomes the baseline, otherwise (unless
---rsp-no-gate) it is compared with the baseline for this model and machine and a regression
-fails the session. The terminal summary always shows the record path and a headline table.
+``<results>/runs/`` (``results/local``, git-ignored, unless --rsp-results names another folder:
+publishing to the committed ``results/`` is explicit). With --rsp-update-baseline it becomes
+the baseline of the engine under test (rsp_bench.baselines: quality per weights and engine,
+speed per machine); otherwise (unless --rsp-no-gate) it is compared with those baselines and a
+regression fails the session. With --rsp-ci (scripts/test.sh passes it) a configuration with no
+baseline, or a run that gated nothing, fails too. The terminal summary always shows the record
+path and a headline table.
+
+Engines with their own configurations (one per quantization rung, say) declare them at
+registration: ``register_engine(name, modes=..., configurations=fn)`` (rsp_bench.engines.base);
+``plan_configs`` then runs reference/off followed by ``fn(modes, sensitivities)``. Declared
+modes let an unsupported --rsp-mode fail as a usage error before any test runs.
+
+Suites marked ``reference_only`` (adversarial: the reference engine's protective degradation;
+lm-eval: the reference's lm-eval wrapper) are skipped with a reason under another
+--rsp-engine, so an engine's record never holds figures measured on someone else.
 
 Suite configurations pin ``hardware_watermark=0.0`` (rsp_bench.engines.SUITE_WATERMARK): the
 router otherwise raises its threshold when the machine is busy, and quality figures would
@@ -54,11 +67,14 @@ MARKERS = {
     "adversarial": "odd and adversarial inputs, protective degradation (rsp-bench)",
     "lm_eval": "lm-evaluation-harness tasks through the engine adapter (rsp-bench)",
     "gpu": "needs a CUDA device; skipped without one",
+    "reference_only": "exercises the reference engine itself; skipped under another --rsp-engine",
 }
 # Markers whose tests, when they run, name a suite in the run record.
 SUITE_MARKERS = ("equivalence", "extraction", "throughput", "adversarial", "lm_eval")
 
 DEFAULT_SENSITIVITIES = "0.25,0.5,1.0"
+DEFAULT_RESULTS = "results/local"
+DEFAULT_BASELINES = "results/baselines"
 QUICK_SENSITIVITIES = "0.5"
 # Modes a --rsp-mode may name for the reference engine; "static" needs a block list, which
 # the static-shortgpt / static-random baselines supply.
@@ -80,6 +96,10 @@ class RspOptions:
     gate: bool
     max_new_tokens: int | None = None
     subset_seed: int = 0  # which seeded subset of the fixtures the suites draw; 0 = the baseline's
+    baselines_dir: Path = Path("results") / "baselines"
+    ci: bool = False
+    engine_url: str | None = None
+    engine_model: str | None = None
 
 
 @dataclass
@@ -92,6 +112,7 @@ class _SessionState:
     engine: Any = None
     summary: list[str] = field(default_factory=list)
     failed_gate: bool = False
+    errored: list[str] = field(default_factory=list)
 
 
 _STATE = pytest.StashKey[_SessionState]()
@@ -114,8 +135,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="engine adapter under test (registry name; default reference)")
     group.addoption("--rsp-quick", action="store_true", default=False,
                     help="small fixed subsets for CI")
-    group.addoption("--rsp-results", metavar="DIR", default="results",
-                    help="results folder: run records under DIR/runs, baselines under DIR/baselines")
+    group.addoption("--rsp-results", metavar="DIR", default=DEFAULT_RESULTS,
+                    help=f"where run records go (DIR/runs; default {DEFAULT_RESULTS}, git-ignored; "
+                         "pass results to publish)")
+    group.addoption("--rsp-baselines", metavar="DIR", default=DEFAULT_BASELINES,
+                    help=f"baselines folder read by the gate and written by --rsp-update-baseline "
+                         f"(default {DEFAULT_BASELINES})")
+    group.addoption("--rsp-ci", action="store_true", default=False,
+                    help="CI mode: a configuration with no baseline, or a run that gated nothing, fails")
+    group.addoption("--rsp-engine-url", metavar="URL", default=None,
+                    help="base URL of a served engine (for --rsp-engine openai), e.g. http://127.0.0.1:8000/v1")
+    group.addoption("--rsp-engine-model", metavar="NAME", default=None,
+                    help="model name to ask a served engine for (default: the first of its /v1/models)")
     group.addoption("--rsp-update-baseline", action="store_true", default=False,
                     help="promote this session's run record to the baseline (no gating)")
     group.addoption("--rsp-no-gate", action="store_true", default=False,
@@ -167,7 +198,8 @@ def parse_modes(text: str, engine: str) -> tuple[str, ...]:
 
 
 def _parse_options(config: pytest.Config) -> RspOptions:
-    from rsp_bench.engines import available_engines  # light: no torch
+    from rsp_bench.engines import available_engines, declared_modes  # light: no torch
+    from rsp_bench.errors import HarnessInputError
 
     quick = bool(config.getoption("--rsp-quick"))
     raw_sens = config.getoption("--rsp-sensitivity")
@@ -177,6 +209,15 @@ def _parse_options(config: pytest.Config) -> RspOptions:
     if engine not in available_engines():
         raise pytest.UsageError(f"--rsp-engine: unknown engine {engine!r}; available: {', '.join(available_engines())}")
     modes = parse_modes(config.getoption("--rsp-mode"), engine)
+    try:
+        supported = declared_modes(engine)
+    except HarnessInputError as exc:
+        raise pytest.UsageError(f"--rsp-engine: {exc}") from None
+    if supported is not None:
+        bad = [m for m in modes if m not in supported]
+        if bad:
+            raise pytest.UsageError(f"--rsp-mode: engine {engine!r} does not support mode {bad[0]!r} "
+                                    f"(it supports {', '.join(supported)})")
     raw_max = config.getoption("--rsp-max-new-tokens")
     max_new: int | None = None
     if raw_max is not None:
@@ -192,18 +233,24 @@ def _parse_options(config: pytest.Config) -> RspOptions:
     subset_seed = int(raw_seed)
     if subset_seed and config.getoption("--rsp-update-baseline"):
         raise pytest.UsageError(f"--rsp-update-baseline needs the baseline's prompts: drop --rsp-subset-seed {raw_seed}")
-    results = Path(config.getoption("--rsp-results")).expanduser()
-    if not results.is_absolute():
-        results = Path(config.invocation_params.dir) / results
-    if results.exists() and not results.is_dir():
-        raise pytest.UsageError(f"--rsp-results: {str(results)!r} exists and is not a folder")
+    folders = {}
+    for flag in ("--rsp-results", "--rsp-baselines"):
+        folder = Path(config.getoption(flag)).expanduser()
+        if not folder.is_absolute():
+            folder = Path(config.invocation_params.dir) / folder
+        if folder.exists() and not folder.is_dir():
+            raise pytest.UsageError(f"{flag}: {str(folder)!r} exists and is not a folder")
+        folders[flag] = folder
+    results = folders["--rsp-results"]
     model = config.getoption("--rsp-model")
     if model is not None and not Path(model).expanduser().exists():
         raise pytest.UsageError(f"--rsp-model: {model!r} does not exist (a model folder or .gguf file)")
     return RspOptions(model=model, sensitivities=sensitivities, modes=modes, engine=engine, quick=quick,
                       results_dir=results, update_baseline=bool(config.getoption("--rsp-update-baseline")),
                       gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new,
-                      subset_seed=subset_seed)
+                      subset_seed=subset_seed, baselines_dir=folders["--rsp-baselines"],
+                      ci=bool(config.getoption("--rsp-ci")), engine_url=config.getoption("--rsp-engine-url"),
+                      engine_model=config.getoption("--rsp-engine-model"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -244,6 +291,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         # Cheap check without torch: a CUDA box has nvidia-smi; suites re-check with torch.
         if shutil.which("nvidia-smi") is None:
             pytest.skip("needs a CUDA device (marker gpu)")
+    options = _state(item.config).options
+    if options.engine != "reference" and any(m.name == "reference_only" for m in item.iter_markers()):
+        pytest.skip(f"exercises the reference engine itself; --rsp-engine {options.engine} is measured by the "
+                    "equivalence, extraction and throughput suites")
     suites = _state(item.config).suites
     for m in item.iter_markers():
         if m.name in SUITE_MARKERS and m.name not in suites:
@@ -266,6 +317,7 @@ def rsp_record(pytestconfig: pytest.Config) -> "RunRecordBuilder":
 
         state.builder = RunRecordBuilder(quick=state.options.quick, created_utc=state.created_utc)
         state.builder.set_extra("subset_seed", state.options.subset_seed)
+        state.builder.set_extra("engine_under_test", state.options.engine)
     return state.builder
 
 
@@ -290,7 +342,8 @@ def rsp_adapter_for(rsp_engine, rsp_options: RspOptions) -> Callable[[Any], "Eng
     def adapter_for(spec_or_name: "ConfigSpec | str") -> "EngineAdapter":
         name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.engine
         if name not in built:
-            built[name] = get_engine(name, engine=rsp_engine, model=rsp_options.model)
+            built[name] = get_engine(name, engine=rsp_engine, model=rsp_options.model,
+                                     engine_url=rsp_options.engine_url, engine_model=rsp_options.engine_model)
         return built[name]
 
     return adapter_for
@@ -314,9 +367,9 @@ def rsp_configs(rsp_options: RspOptions, rsp_adapter: "EngineAdapter") -> list["
     supported = tuple(getattr(rsp_adapter, "modes", ()) or ())
     if supported:
         bad = [m for m in rsp_options.modes if m != "off" and m not in supported]
-        if bad:
-            raise HarnessInputError(f"--rsp-mode {bad[0]!r} is not supported by engine {rsp_adapter.name!r} "
-                                    f"(it supports {', '.join(supported)})")
+        if bad:  # an adapter that declared no modes at registration is checked here, at first use
+            pytest.exit(f"--rsp-mode: engine {rsp_adapter.name!r} does not support mode {bad[0]!r} "
+                        f"(it supports {', '.join(supported)})", returncode=pytest.ExitCode.USAGE_ERROR)
     return plan_configs(rsp_options.engine, rsp_options.modes, rsp_options.sensitivities)
 
 
@@ -363,6 +416,25 @@ def _ensure_model(state: _SessionState) -> None:
     builder.set_model(name, str(state.options.model or folder), weights_digest(folder))
 
 
+def _partial_reason(session: pytest.Session, exitstatus: int, state: _SessionState) -> str | None:
+    """Why this run's record is not a complete measurement (None when it is): an interrupted
+    or crashed session, or tests that errored before they could record their figures."""
+    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        return f"session ended with {pytest.ExitCode(exitstatus).name}"
+    if state.errored:
+        return f"{len(state.errored)} test(s) errored: {', '.join(state.errored[:3])}"
+    return None
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
+    # A failed setup or teardown is an error (a crashed adapter, a missing model), not a
+    # failed quality check: the record it leaves is partial.
+    state = item.config.stash.get(_STATE, None)
+    if (state is not None and call.when in ("setup", "teardown") and call.excinfo is not None
+            and not call.excinfo.errisinstance((pytest.skip.Exception, pytest.xfail.Exception))):
+        state.errored.append(item.nodeid.split("::")[-1])
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(_STATE, None)
     if state is None or not _has_metrics(state.builder):
@@ -377,6 +449,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     lines = state.summary
     for suite in state.suites:
         builder.add_suite(suite)
+    partial = _partial_reason(session, exitstatus, state)
+    if partial:
+        builder.set_extra("partial", partial)
+    comparators = sorted(cid for cid, c in builder.record["configurations"].items() if c["engine"] != options.engine)
+    if options.engine != "reference" and comparators:
+        # Rows of other engines in this engine's record are there only as what it is compared with.
+        builder.set_extra("comparators", comparators)
     try:
         _ensure_model(state)
         record = builder.build(wall_time_s=round(time.monotonic() - state.started, 3))
@@ -387,12 +466,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         lines.append(f"ERROR: run record not written: {exc}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
-    lines.append(f"run record: {path}")
+    lines.append(f"run record: {path}" + (f" (PARTIAL: {partial})" if partial else ""))
     lines.append(_headline_table(record))
-    baselines_dir = options.results_dir / "baselines"
+
+    def fail(message: str) -> None:
+        lines.append(f"rsp-bench gate FAILED: {message}")
+        state.failed_gate = True
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
     try:
         if options.update_baseline:
-            lines.append(f"baseline updated: {update_baseline(record, baselines_dir)}")
+            if partial:
+                fail(f"baseline not updated: the run is partial ({partial})")
+                return
+            for written in update_baseline(record, options.baselines_dir):
+                lines.append(f"baseline updated: {written}")
             return
         if not options.gate:
             lines.append("gate: skipped (--rsp-no-gate)")
@@ -400,21 +488,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if options.subset_seed:
             lines.append(f"gate: skipped (--rsp-subset-seed {options.subset_seed}: other prompts than the baseline's)")
             return
-        baseline = load_baseline(baselines_dir, record)
+        found = load_baseline(options.baselines_dir, record)
     except (HarnessInputError, OSError) as exc:
         lines.append(f"ERROR: baseline: {exc}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
+    baseline = found.merged()
     if baseline is None:
-        lines.append(f"warning: no baseline for model {record['model']['name']!r} on machine "
-                     f"{record['machine']['fingerprint']} under {baselines_dir}; nothing gated "
-                     "(create one with --rsp-update-baseline)")
+        message = (f"no baseline for model {record['model']['name']!r}, engine {options.engine!r} "
+                   f"({found.quality_path.name} under {options.baselines_dir}); create one with --rsp-update-baseline")
+        if options.ci:
+            fail(message)
+        else:
+            lines.append(f"warning: {message}; nothing gated")
         return
-    report = compare(baseline, record)
+    report = compare(baseline, record, speed_gated=found.speed is not None)
     lines.append(report.format_table())
+    if found.speed is None:
+        lines.append(f"speed: reported, not gated: no speed baseline for machine {record['machine']['fingerprint']} "
+                     f"({found.speed_path.name}); quality gated against {found.quality_path.name}")
     if not report.passed:
         state.failed_gate = True
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif options.ci and report.ci_problems():
+        fail("; ".join(report.ci_problems()) + " (--rsp-ci)")
 
 
 # The figures that fit on one line per configuration; the record holds everything.

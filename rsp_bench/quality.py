@@ -466,13 +466,41 @@ def budget_for(budgets: Mapping[str, Any], spec: ConfigSpec) -> list[Budget] | N
     return list(bounds.values())
 
 
+def worst_possible(metric: str, kind: str, values: Mapping[str, MetricValue]) -> float | None:
+    """The value of ``metric`` that the worst output for a ``kind`` bound would score on this
+    set: for a ``min`` bound the lowest value any output can reach, for ``max`` the highest.
+    None where the metric is unbounded that way (KL, perplexity ratio) or unknown here.
+
+    A delta (pruned minus unpruned) can only fall to minus the unpruned score, and rise to one
+    minus it; the unpruned score is the pruned score minus the delta, both measured here.
+    """
+    if metric.endswith("_delta"):
+        score, delta = values.get(metric[: -len("_delta")]), values.get(metric)
+        if score is None or delta is None:
+            return None
+        unpruned = score.value - delta.value
+        return -unpruned if kind == "min" else 1.0 - unpruned
+    mv = values.get(metric)
+    if mv is None or mv.unit != "fraction":
+        return None
+    return 0.0 if kind == "min" else 1.0
+
+
 def check_budget(values: Mapping[str, MetricValue], bounds: Sequence[Budget]) -> list[str]:
     """Human-readable violations of ``bounds`` by ``values`` (metrics absent here are not
-    judged: each suite checks the metrics it measured)."""
+    judged: each suite checks the metrics it measured). A bound that no output could break on
+    this set (a delta bound at or below minus the unpruned score, say) is itself a violation:
+    a budget that cannot fail judges nothing."""
     failures = []
     for b in bounds:
         mv = values.get(b.metric)
-        if mv is not None and b.violated_by(mv.value):
+        if mv is None:
+            continue
+        worst = worst_possible(b.metric, b.kind, values)
+        if worst is not None and not b.violated_by(worst):
+            failures.append(f"{b.describe()} cannot fail on this set: the worst possible output scores {worst:.4g} "
+                            "(tighten the bound, or drop it and say why in the budget file)")
+        elif b.violated_by(mv.value):
             ci = f" (95% CI {mv.ci[0]:.4g}..{mv.ci[1]:.4g}, n={mv.n})" if mv.ci else f" (n={mv.n})"
             failures.append(f"{b.metric} = {mv.value:.4g}{ci} breaks {b.describe()}")
     return failures

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rsp_bench.baselines import update_baseline
+from rsp_bench.baselines import load_baseline, update_baseline
 from rsp_bench.errors import PolicyError, RecordError
 from rsp_bench.gate import (
     compare,
@@ -281,9 +281,39 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_cli_defaults_find_the_newest_run_and_its_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "results"
     write_record(_record(top1=0.8), results)
-    assert run_gate(_args(["--results", str(results)])) == 0
+    baselines = ["--baselines", str(results / "baselines")]
+    assert run_gate(_args(["--results", str(results), *baselines])) == 0
     assert "no baseline" in capsys.readouterr().err
+    assert run_gate(_args(["--results", str(results), *baselines, "--ci"])) == 1
+    assert "FAILED (--ci): no baseline" in capsys.readouterr().err
     update_baseline(_record(top1=0.9), results / "baselines")
-    assert run_gate(_args(["--results", str(results)])) == 1
+    assert run_gate(_args(["--results", str(results), *baselines])) == 1
     with pytest.raises(RecordError, match="no run records"):
         run_gate(_args(["--results", str(tmp_path / "empty")]))
+
+
+def test_on_another_machine_quality_is_gated_and_speed_is_reported(tmp_path: Path) -> None:
+    baselines = tmp_path / "baselines"
+    update_baseline(_record(top1=0.9, speedups=[1.2] * 8), baselines)
+    run = _record(top1=0.9, speedups=[0.5] * 8)  # far slower: a different machine
+    run["machine"] = {**run["machine"], "fingerprint": "0123456789ab"}
+    found = load_baseline(baselines, run)
+    assert found.quality is not None and found.speed is None
+    report = compare(found.merged(), run, speed_gated=found.speed is not None)
+    verdicts = {r["metric"]: r["verdict"] for r in report.rows}
+    assert verdicts == {"top1_agreement": "ok", "speedup_vs_off": "info"}
+    assert report.passed and "speed reported, not gated" in report.summary()
+    # A planted quality regression still fails there.
+    worse = _record(top1=0.5)
+    worse["machine"] = run["machine"]
+    assert not compare(found.merged(), worse, speed_gated=False).passed
+
+
+def test_ci_problems_name_configurations_without_a_baseline_and_empty_comparisons() -> None:
+    base = _record(top1=0.9)
+    run = _record(top1=0.9, configs=(LOSSY, "reference/lossy/s=1.00"))
+    report = compare(base, run)
+    assert report.passed and report.ci_problems() == ["1 configuration(s) have no baseline: reference/lossy/s=1.00"]
+    disjoint = compare(base, _record(configs=("other/off",)))
+    assert "no metric was gated" in disjoint.ci_problems()
+    assert compare(base, _record(top1=0.9)).ci_problems() == []

@@ -154,8 +154,10 @@ def test_failed_write_leaves_no_record_and_fails(pytester: pytest.Pytester, tiny
 
 
 def test_gate_failure_turns_the_session_red(pytester: pytest.Pytester, tiny_model_dir: Path) -> None:
-    base_args = ["--rsp-model", str(tiny_model_dir), "--rsp-results", "out", "--rsp-quick"]
+    base_args = ["--rsp-model", str(tiny_model_dir), "--rsp-results", "out", "--rsp-baselines", "out/baselines",
+                 "--rsp-quick"]
     pytester.makepyfile(test_rec=textwrap.dedent(RECORD_ONE_METRIC).format(value=0.9))
+    assert pytester.runpytest(*base_args, "--rsp-ci").ret == pytest.ExitCode.TESTS_FAILED  # CI: no baseline fails
     result = pytester.runpytest(*base_args, "--rsp-update-baseline")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["baseline updated: *"])
@@ -171,7 +173,7 @@ def test_gate_failure_turns_the_session_red(pytester: pytest.Pytester, tiny_mode
     result.stdout.fnmatch_lines(["*reference/lossy/s=0.50*top1_agreement*0.9*0.5*REGRESSED*",
                                  "*rsp-bench gate FAILED*", "*regression against the baseline*FAILED*"])
     assert load_record(baseline)["configurations"]["reference/lossy/s=0.50"]["metrics"]["top1_agreement"]["value"] == 0.9
-    assert len(_runs(pytester.path / "out")) == 3  # every session keeps its record, red or green
+    assert len(_runs(pytester.path / "out")) == 4  # every session keeps its record, red or green
 
     assert pytester.runpytest(*base_args, "--rsp-no-gate").ret == 0
 
@@ -212,3 +214,64 @@ def test_fixtures_end_to_end_on_tiny_model(pytester: pytest.Pytester, tiny_model
     assert {"top1_agreement", "kl_mean", "kl_p99", "perplexity_ratio", "bypass_ratio",
             "blocks_executed_per_token", "prefix_agreement"} <= set(off)
     assert record["extra"]["model_load_s"] >= 0
+
+
+OTHER_ENGINE_CONFTEST = """
+    from rsp_bench.engines import Output, register_engine
+
+    class OffOnly:
+        name = "{name}"
+        modes = ("off",)
+        batch_size = 1
+
+        def generate(self, prompts, max_new_tokens, spec):
+            return [Output(p, [1], [2], {{}}) for p in prompts]
+
+        def teacher_forced_logits(self, prompt_ids, continuation_ids, spec):
+            raise NotImplementedError
+
+    @register_engine("{name}", modes=("off",))
+    def make(**kwargs):
+        return OffOnly()
+"""
+
+
+def test_unsupported_mode_is_a_usage_error_before_any_test(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(textwrap.dedent(OTHER_ENGINE_CONFTEST).format(name="off-only"))
+    pytester.makepyfile(test_x="def test_x():\n    raise AssertionError('must not run')\n")
+    result = pytester.runpytest("--rsp-engine", "off-only", "--rsp-mode", "lossy")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--rsp-mode: engine 'off-only' does not support mode 'lossy' (it supports off)*"])
+
+
+def test_reference_only_suites_skip_under_another_engine(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(textwrap.dedent(OTHER_ENGINE_CONFTEST).format(name="off-only-2"))
+    pytester.makepyfile(test_x=textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.reference_only
+        def test_ref(rsp_record):
+            rsp_record.add_metric("reference/off", "degradation_detection_rate", 1.0, n=1)
+    """))
+    result = pytester.runpytest("--rsp-engine", "off-only-2", "--rsp-mode", "off", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*exercises the reference engine itself; --rsp-engine off-only-2*"])
+    assert not (pytester.path / "results" / "local" / "runs").exists()  # nothing measured, no record
+
+
+def test_errored_setup_marks_the_record_partial(pytester: pytest.Pytester, tiny_model_dir: Path) -> None:
+    pytester.makepyfile(test_rec=textwrap.dedent(RECORD_ONE_METRIC).format(value=0.9) + textwrap.dedent("""
+        @pytest.fixture
+        def broken():
+            raise RuntimeError("adapter crashed")
+
+        def test_broken(broken):
+            pass
+    """))
+    result = pytester.runpytest("--rsp-model", str(tiny_model_dir), "--rsp-results", "out", "--rsp-baselines",
+                                "out/baselines", "--rsp-update-baseline")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    [path] = _runs(pytester.path / "out")
+    assert "1 test(s) errored: test_broken" in load_record(path)["extra"]["partial"]
+    result.stdout.fnmatch_lines(["*PARTIAL*", "*baseline not updated: the run is partial*"])
+    assert not (pytester.path / "out" / "baselines").exists()

@@ -231,3 +231,79 @@ def test_runner_reuses_generation_logits_only_for_identical_outputs() -> None:
     values = equivalence_metrics(fake, SPEC, prompts, reference, 2)
     assert fake.forced == [(3, 4)]  # "a" matched: its own logits were used, no second decode
     assert values["top1_agreement"].value == pytest.approx(2 / 4)
+
+
+def _baseline_unpruned() -> dict[str, float]:
+    """The unpruned quick-set scores of the committed reference baseline (reference/off)."""
+    import json
+
+    [path] = sorted((REPO / "results" / "baselines").glob("SmolLM2-135M-Instruct__*__reference.json"))
+    off = json.loads(path.read_text())["configurations"]["reference/off"]["metrics"]
+    return {name: off[name]["value"] for name in ("squad_f1", "json_field_f1")}
+
+
+def _planted(unpruned: dict[str, float], worst: bool) -> dict[str, MetricValue]:
+    """Figures of planted outputs, scored by the real scorers: the worst (empty answers,
+    broken JSON, logits that never agree) or, for the max side of a delta, perfect answers."""
+    from rsp_bench import datasets as ds
+
+    squad = ds.quick_subset(ds.load_squad(), 12)
+    docs = ds.quick_subset(ds.load_structured(), 6)
+    if worst:
+        squad_f1 = sum(m.squad_f1("", it.answers) for it in squad) / len(squad)
+        json_f1 = sum(m.doc_field_f1(m.parse_json_answer('{"total": 1,,'), d.fields) for d in docs) / len(docs)
+    else:
+        squad_f1 = sum(m.squad_f1(it.answers[0], it.answers) for it in squad) / len(squad)
+        json_f1 = sum(m.doc_field_f1(dict(d.fields), d.fields) for d in docs) / len(docs)
+    ref_tokens = [[1, 2, 3, 4]]
+    cand_tokens = [[4, 3, 2, 1]] if worst else ref_tokens
+    ref_logits, cand_logits = _logits(ref_tokens[0], 8.0), _logits(cand_tokens[0], 8.0)
+    kl = float(m.kl_summary(m.kl_per_token(ref_logits, cand_logits))["mean"])
+    f = lambda v, unit="fraction": MetricValue(v, 12, None, unit)  # noqa: E731
+    return {
+        "exact_match_rate": f(m.exact_match_rate(ref_tokens, cand_tokens)),
+        "prefix_agreement": f(m.prefix_agreement(ref_tokens, cand_tokens)),
+        "top1_agreement": f(m.top1_agreement(ref_logits, cand_logits)),
+        "kl_mean": f(kl, "nats"), "kl_p99": f(kl, "nats"),
+        "squad_f1": f(squad_f1), "squad_f1_delta": f(squad_f1 - unpruned["squad_f1"]),
+        "json_field_f1": f(json_f1), "json_field_f1_delta": f(json_f1 - unpruned["json_field_f1"]),
+    }
+
+
+def test_every_repository_budget_fails_on_planted_worst_case_outputs() -> None:
+    unpruned = _baseline_unpruned()
+    worst, perfect = _planted(unpruned, worst=True), _planted(unpruned, worst=False)
+    assert worst["squad_f1"].value == 0.0 and worst["json_field_f1"].value == 0.0
+    assert worst["top1_agreement"].value == 0.0 and worst["kl_mean"].value > 1.0
+    budgets = load_budgets(REPO / "suites" / "budgets.toml")
+    checked = 0
+    for mode, entry in budgets.items():
+        for bounds in [entry["all"], *entry["by_sensitivity"].values()]:
+            for b in bounds.values():
+                # min bounds must break on the worst output; max bounds on a delta (pruning
+                # must not answer *better*) on perfect answers; other max bounds on the worst.
+                planted = perfect if (b.kind == "max" and b.metric.endswith("_delta")) else worst
+                failures = check_budget(planted, [b])
+                assert failures and "cannot fail" not in failures[0], f"{b.describe()} does not fail: {failures}"
+                checked += 1
+    assert checked >= 20
+
+
+def test_a_budget_that_cannot_fail_on_the_set_is_refused() -> None:
+    # The unpruned JSON F1 is 0.264: a delta bound of -0.45 passes any output at all.
+    values = {"json_field_f1": MetricValue(0.0, 6, None, "fraction"),
+              "json_field_f1_delta": MetricValue(-0.264, 6, None, "fraction"),
+              "top1_agreement": MetricValue(0.9, 100, None, "fraction")}
+    loose = [b for b in load_budgets_text("[lossy]\njson_field_f1_delta_min = -0.45\ntop1_agreement_min = 0.0\n")]
+    failures = check_budget(values, loose)
+    assert len(failures) == 2 and all("cannot fail on this set" in f for f in failures)
+    assert "worst possible output scores -0.264" in failures[0]
+
+
+def load_budgets_text(text: str) -> list:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "b.toml"
+        path.write_text(text)
+        return list(load_budgets(path)["lossy"]["all"].values())

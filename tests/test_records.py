@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from rsp_bench import records as rec
-from rsp_bench.baselines import baseline_path, list_baselines, load_baseline, update_baseline
+from rsp_bench.baselines import (list_baselines, load_baseline, metric_scope, quality_baseline_path,
+                                 speed_baseline_path, update_baseline)
 from rsp_bench.errors import RecordError
 from rsp_bench.records import (
     KNOWN_METRICS,
@@ -259,29 +260,65 @@ def test_docs_page_lists_every_known_metric() -> None:
 # --------------------------------------------------------------------------- baselines
 
 
-def test_baseline_path_is_per_model_and_fingerprint_and_sanitized(tmp_path: Path) -> None:
+def test_baseline_paths_are_per_weights_engine_and_machine_and_sanitized(tmp_path: Path) -> None:
     r = _record(model="HuggingFaceTB/SmolLM2 135M")
-    assert baseline_path(tmp_path, r) == tmp_path / "HuggingFaceTB-SmolLM2-135M__f00dfeed0001.json"
+    stem = f"HuggingFaceTB-SmolLM2-135M__{r['model']['weights_sha256'][:12] or 'unknown-weights'}__reference"
+    assert quality_baseline_path(tmp_path, r) == tmp_path / f"{stem}.json"
+    assert speed_baseline_path(tmp_path, r) == tmp_path / f"{stem}__f00dfeed0001.speed.json"
+    other = {**r, "extra": {**r["extra"], "engine_under_test": "skip-odd"}}
+    assert quality_baseline_path(tmp_path, other).name.endswith("__skip-odd.json")
     with pytest.raises(RecordError, match="model name '///'"):
-        baseline_path(tmp_path, {**r, "model": {**r["model"], "name": "///"}})
+        quality_baseline_path(tmp_path, {**r, "model": {**r["model"], "name": "///"}})
 
 
 def test_missing_baseline_is_none_and_update_then_load_round_trips(tmp_path: Path) -> None:
     r = _record()
-    assert load_baseline(tmp_path, r) is None
+    found = load_baseline(tmp_path, r)
+    assert found.quality is None and found.speed is None and found.merged() is None
     source = write_record(r, tmp_path / "results")
-    path = update_baseline(source, tmp_path / "baselines")
-    baseline = load_baseline(tmp_path / "baselines", r)
-    assert baseline is not None and path.name == "tiny__f00dfeed0001.json"
-    assert baseline["configurations"] == r["configurations"]
-    assert baseline["extra"]["baseline_source_run_id"] == r["run_id"]
-    assert rec._parse_utc(baseline["extra"]["baseline_written_utc"]) is not None
-    assert set(baseline["extra"]["baseline_written_by"]) == {"git_commit", "hostname"}
-    assert [p for p, _ in list_baselines(tmp_path / "baselines")] == [path]
+    quality_path, speed_path = update_baseline(source, tmp_path / "baselines")
+    found = load_baseline(tmp_path / "baselines", r)
+    assert found.quality_path == quality_path and found.speed_path == speed_path
+    # Quality and timing metrics land in their own files; merged, they are the record again.
+    assert set(found.quality["configurations"]["reference/lossy/s=0.50"]["metrics"]) == {"top1_agreement"}
+    assert set(found.speed["configurations"]["reference/lossy/s=0.50"]["metrics"]) == {"speedup_vs_off"}
+    assert found.merged()["configurations"] == r["configurations"]
+    assert found.quality["extra"]["baseline_source_run_id"] == r["run_id"]
+    assert rec._parse_utc(found.quality["extra"]["baseline_written_utc"]) is not None
+    assert set(found.quality["extra"]["baseline_written_by"]) == {"git_commit", "hostname"}
+    assert [p for p, _ in list_baselines(tmp_path / "baselines")] == sorted([quality_path, speed_path])
+
+
+def test_metric_scope_puts_clock_figures_on_the_machine() -> None:
+    assert metric_scope("speedup_vs_off") == metric_scope("tpot_ms_p50_b4") == "machine"
+    assert metric_scope("decode_tokens_per_s") == metric_scope("router_ms_per_token") == "machine"
+    for name in ("top1_agreement", "kl_mean", "json_field_f1_delta", "bypass_ratio", "projected_tokens_per_s_A100",
+                 "degradation_detection_rate"):
+        assert metric_scope(name) == "model", name
+
+
+def test_a_partial_record_never_becomes_a_baseline(tmp_path: Path) -> None:
+    r = _record()
+    r["extra"]["partial"] = "session ended with INTERRUPTED"
+    with pytest.raises(RecordError, match="partial"):
+        update_baseline(r, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_another_engines_baseline_leaves_the_reference_baseline_untouched(tmp_path: Path) -> None:
+    ref_paths = update_baseline(_record(), tmp_path)
+    before = {p: p.read_bytes() for p in ref_paths}
+    other = _record(top1=0.25)
+    other["extra"]["engine_under_test"] = "skip-odd"
+    other_paths = update_baseline(other, tmp_path)
+    assert set(other_paths).isdisjoint(ref_paths)
+    assert {p: p.read_bytes() for p in ref_paths} == before
+    assert load_baseline(tmp_path, other).quality["configurations"]["reference/lossy/s=0.50"]["metrics"][
+        "top1_agreement"]["value"] == 0.25
 
 
 def test_a_bad_record_never_replaces_a_good_baseline(tmp_path: Path) -> None:
-    good = update_baseline(_record(), tmp_path)
+    good = update_baseline(_record(), tmp_path)[0]
     before = good.read_bytes()
     bad = _record()
     bad["configurations"]["reference/off"]["metrics"]["top1_agreement"]["n"] = -1

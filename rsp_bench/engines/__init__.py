@@ -10,7 +10,7 @@ transformers or reference_engine until an adapter is built.
 """
 
 from rsp_bench.engines.base import (ENTRY_POINT_GROUP, ConfigSpec, EngineAdapter, Output, available_engines,
-                                    get_engine, register_engine)
+                                    declared_modes, engine_factory, get_engine, register_engine)
 from rsp_bench.engines.configs import SUITE_WATERMARK, format_config_id, plan_configs, pruning_config
 from rsp_bench.engines.reference import (ReferenceAdapter, StaticAdapter, matched_k, random_blocks,
                                          shortgpt_blocks)
@@ -18,7 +18,7 @@ from rsp_bench.engines.hf_generate import HFGenerateAdapter
 
 __all__ = [
     "ENTRY_POINT_GROUP", "SUITE_WATERMARK", "ConfigSpec", "Output", "EngineAdapter",
-    "register_engine", "get_engine", "available_engines", "format_config_id",
+    "register_engine", "get_engine", "available_engines", "engine_factory", "declared_modes", "format_config_id",
     "plan_configs", "pruning_config", "matched_k", "shortgpt_blocks", "random_blocks",
     "ReferenceAdapter", "HFGenerateAdapter", "StaticAdapter",
 ]

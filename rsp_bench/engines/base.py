@@ -98,11 +98,22 @@ class EngineAdapter(Protocol):
 _REGISTRY: dict[str, Callable[..., EngineAdapter]] = {}
 
 
-def register_engine(name: str) -> Callable[[Callable[..., EngineAdapter]], Callable[..., EngineAdapter]]:
+def register_engine(name: str, *, modes: Sequence[str] | None = None,
+                    configurations: Callable[[Sequence[str], Sequence[float]], list[ConfigSpec]] | None = None,
+                    ) -> Callable[[Callable[..., EngineAdapter]], Callable[..., EngineAdapter]]:
     """Decorator registering an adapter factory under ``name``.
 
     The factory is called as ``factory(engine=<loaded reference Engine>, model=<path or None>)``
     and must accept (and may ignore) further keyword arguments.
+
+    Two optional declarations are read before any model loads (option checking and test
+    collection happen first), so they live on the factory, not on the adapter it builds:
+
+    ``modes``: the modes the engine accepts (``"off"`` is implied). A ``--rsp-mode`` outside
+    them is a usage error before any test runs.
+    ``configurations(modes, sensitivities)``: the engine's own configurations, replacing the
+    mode x sensitivity plan (e.g. one per quantization rung). ``reference/off``, the anchor
+    every row is compared with, is always run first and must not be among them.
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise HarnessInputError(f"engine name must match [a-z0-9][a-z0-9._-]* (it starts config ids), got {name!r}")
@@ -110,10 +121,37 @@ def register_engine(name: str) -> Callable[[Callable[..., EngineAdapter]], Calla
     def decorate(factory: Callable[..., EngineAdapter]) -> Callable[..., EngineAdapter]:
         if name in _REGISTRY and _REGISTRY[name] is not factory:
             raise HarnessInputError(f"engine name {name!r} is already registered (by {_REGISTRY[name]!r})")
+        if modes is not None:
+            factory.modes = tuple(modes)  # type: ignore[attr-defined]
+        if configurations is not None:
+            factory.configurations = configurations  # type: ignore[attr-defined]
         _REGISTRY[name] = factory
         return factory
 
     return decorate
+
+
+def engine_factory(name: str) -> Callable[..., EngineAdapter]:
+    """The factory registered as ``name``; an entry point is loaded on first use."""
+    if name not in _REGISTRY:
+        ep = _entry_points().get(name)
+        if ep is None:
+            raise HarnessInputError(
+                f"unknown engine {name!r}; available: {', '.join(available_engines())} "
+                f"(register one with @register_engine or the {ENTRY_POINT_GROUP!r} entry point group)")
+        try:
+            _REGISTRY[name] = ep.load()
+        except Exception as exc:  # a broken third-party package should say which one
+            raise HarnessInputError(f"engine {name!r}: cannot load entry point {ep.value!r}: {exc}") from exc
+    return _REGISTRY[name]
+
+
+def declared_modes(name: str) -> tuple[str, ...] | None:
+    """The modes ``name`` declared at registration (``"off"`` included), or None if it declared none."""
+    modes = getattr(engine_factory(name), "modes", None)
+    if modes is None:
+        return None
+    return tuple(dict.fromkeys(("off", *modes)))
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -128,17 +166,7 @@ def available_engines() -> list[str]:
 
 def get_engine(name: str, **kwargs: Any) -> EngineAdapter:
     """Build the adapter registered as ``name``; entry points are loaded on first use."""
-    if name not in _REGISTRY:
-        ep = _entry_points().get(name)
-        if ep is None:
-            raise HarnessInputError(
-                f"unknown engine {name!r}; available: {', '.join(available_engines())} "
-                f"(register one with @register_engine or the {ENTRY_POINT_GROUP!r} entry point group)")
-        try:
-            _REGISTRY[name] = ep.load()
-        except Exception as exc:  # a broken third-party package should say which one
-            raise HarnessInputError(f"engine {name!r}: cannot load entry point {ep.value!r}: {exc}") from exc
-    adapter = _REGISTRY[name](**kwargs)
+    adapter = engine_factory(name)(**kwargs)
     for attr in ("name", "generate", "teacher_forced_logits"):
         if not hasattr(adapter, attr):
             raise HarnessInputError(f"engine {name!r}: its factory returned {adapter!r}, which has no {attr!r}")

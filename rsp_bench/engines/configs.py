@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from rsp_bench.engines.base import ConfigSpec
+from rsp_bench.engines.base import ConfigSpec, engine_factory
+from rsp_bench.errors import HarnessInputError
 
 if TYPE_CHECKING:
     from reference_engine import PruningConfig
@@ -48,9 +49,21 @@ def pruning_config(mode: str, sensitivity: float | None = None, **fields: Any) -
 
 def plan_configs(engine: str, modes: Sequence[str], sensitivities: Sequence[float], *,
                  with_pruning: bool = True) -> list[ConfigSpec]:
-    """``reference/off`` first, then ``<engine>/off`` for a non-reference engine, then one
-    configuration per mode x sensitivity. ``with_pruning=False`` skips building the
-    PruningConfig (collection needs only the ids and must not import torch)."""
+    """``reference/off`` first (the anchor every row is compared with), then ``<engine>/off``
+    for a non-reference engine, then one configuration per mode x sensitivity, or the engine's
+    own ``configurations`` where it registered them (``register_engine(configurations=...)``).
+    ``with_pruning=False`` skips building the PruningConfig (collection needs only the ids and
+    must not import torch)."""
+    anchor = ConfigSpec(format_config_id("reference", "off"), "reference", "off", None, {},
+                        pruning_config("off") if with_pruning else None)
+    own = getattr(engine_factory(engine), "configurations", None) if engine != "reference" else None
+    if own is not None:
+        specs = list(own(tuple(modes), tuple(sensitivities)))
+        ids = [s.config_id for s in specs]
+        if anchor.config_id in ids or len(set(ids)) != len(ids):
+            raise HarnessInputError(f"engine {engine!r}: its configurations must be distinct and must not "
+                                    f"include {anchor.config_id!r} (always run first), got {ids}")
+        return [anchor, *specs]
     planned: list[tuple[str, str, float | None]] = [("reference", "off", None)]
     if engine != "reference":
         planned.append((engine, "off", None))

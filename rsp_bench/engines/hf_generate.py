@@ -79,6 +79,6 @@ class HFGenerateAdapter:
         return logits[p - 1:p - 1 + t].clone(), stats
 
 
-@register_engine("hf-generate")
+@register_engine("hf-generate", modes=("off",))
 def _hf_factory(engine: "Engine | None" = None, **_: Any) -> HFGenerateAdapter:
     return HFGenerateAdapter(need_engine("hf-generate", engine))

@@ -165,16 +165,16 @@ def need_engine(name: str, engine: Any) -> "Engine":
     return engine
 
 
-@register_engine("reference")
+@register_engine("reference", modes=("off", "lossy", "lossless"))
 def _reference_factory(engine: "Engine | None" = None, **_: Any) -> ReferenceAdapter:
     return ReferenceAdapter(need_engine("reference", engine))
 
 
-@register_engine("static-shortgpt")
+@register_engine("static-shortgpt", modes=("static",))
 def _shortgpt_factory(engine: "Engine | None" = None, **_: Any) -> StaticAdapter:
     return StaticAdapter(need_engine("static-shortgpt", engine), "shortgpt")
 
 
-@register_engine("static-random")
+@register_engine("static-random", modes=("static",))
 def _random_factory(engine: "Engine | None" = None, seed: int = 0, **_: Any) -> StaticAdapter:
     return StaticAdapter(need_engine("static-random", engine), "random", seed=seed)
