@@ -503,17 +503,25 @@ def _timing(stats: Mapping[str, Any], tokens: int, what: str) -> Any:
                       batch=1, new_tokens=tokens, method=f"engine stats ({what})", bypass_counts=counts)
 
 
-def _interleaved(sensitivities: Sequence[float], n: int, run_one: Callable[[float, int], Any],
+# The speed anchor: pruning off, run in every round beside the sensitivities, so that every row,
+# s=0 included, is a measured ratio (s=0 against the anchor is an A/A ratio: the noise floor).
+ANCHOR = "anchor-off"
+
+
+def _interleaved(sensitivities: Sequence[float], n: int, run_one: Callable[[float | None, int], Any],
                  progress: Callable[[str], None]) -> Any:
-    """One InterleavedBench whose round i runs item i under every sensitivity, in rotated order;
-    ``run_one(s, i)`` does the work, keeps what quality needs and returns the CallTiming."""
+    """One InterleavedBench whose round i runs item i under every sensitivity and the anchor,
+    in rotated order; ``run_one(s, i)`` does the work (``s`` None: the anchor, whose outputs
+    are not kept), keeps what quality needs and returns the CallTiming."""
     from rsp_bench.speed import InterleavedBench
 
-    def make(s: float) -> Callable[[], Any]:
+    def make(s: float | None) -> Callable[[], Any]:
         counter = iter(range(n))  # each configuration runs exactly once per round
         return lambda: run_one(s, next(counter))
 
-    bench = InterleavedBench({f"s={s:.4f}": make(s) for s in sensitivities})
+    configs = {ANCHOR: make(None)}
+    configs.update({f"s={s:.4f}": make(s) for s in sensitivities})
+    bench = InterleavedBench(configs)
     for i in range(n):
         bench.run_round()
         progress(f"item {i + 1}/{n} done under all {len(sensitivities)} sensitivities")
@@ -521,20 +529,16 @@ def _interleaved(sensitivities: Sequence[float], n: int, run_one: Callable[[floa
 
 
 def _speed_figures(bench: Any, sensitivities: Sequence[float]) -> dict[float, dict[str, Any]]:
-    """Speed-up of each sensitivity over s=0 (pairs: the rounds), tokens/s and bypass ratio."""
+    """Speed-up of each sensitivity over the pruning-off anchor (pairs: the rounds), tokens/s
+    and bypass ratio."""
     from rsp_bench import metrics as m
 
-    base = f"s={0.0:.4f}"
     out: dict[float, dict[str, Any]] = {}
     for s in sensitivities:
         name = f"s={s:.4f}"
         counts = [c for t in bench.samples(name) for c in (t.bypass_counts or [])]
         ratio = m.bypass_ratio(sum(c[0] for c in counts), counts[0][2], sum(c[1] for c in counts)) if counts else 0.0
-        if s == 0.0:
-            pairs = len([t for t in bench.samples(name) if t.steps])
-            sp = {"ratio": 1.0, "lo": 1.0, "hi": 1.0, "pairs": pairs}  # off against itself, by definition
-        else:
-            sp = bench.speedup(base, name)
+        sp = bench.speedup(ANCHOR, name)
         out[s] = {"speedup": sp["ratio"], "lo": sp["lo"], "hi": sp["hi"], "pairs": int(sp["pairs"]),
                   "tokens_per_s": bench.summary(name)["decode_tokens_per_s"], "bypass_ratio": ratio}
     return out
@@ -558,10 +562,11 @@ def _sweep_top1(engine: Any, sensitivities: Sequence[float], n: int, max_new: in
     logits: dict[float, list[Any]] = {s: [None] * n for s in sensitivities}
     specs = {s: _spec(s) for s in sensitivities}
 
-    def run_one(s: float, i: int) -> Any:
+    def run_one(s: float | None, i: int) -> Any:
         ref = reference[i]
-        got, stats = adapter.teacher_forced_logits(ref.prompt_ids, ref.token_ids, specs[s])
-        logits[s][i] = got
+        got, stats = adapter.teacher_forced_logits(ref.prompt_ids, ref.token_ids, specs[0.0 if s is None else s])
+        if s is not None:
+            logits[s][i] = got
         return _timing(stats, len(ref.token_ids), "teacher-forced decode steps")
 
     progress(f"teacher forcing the reference under {len(sensitivities)} sensitivities, interleaved")
@@ -591,9 +596,10 @@ def _sweep_extraction(engine: Any, metric: str, sensitivities: Sequence[float], 
     outputs: dict[float, dict[str, Any]] = {s: {} for s in sensitivities}
     specs = {s: _spec(s) for s in sensitivities}
 
-    def run_one(s: float, i: int) -> Any:
-        [out] = adapter.generate([prompts[i]], max_new, specs[s])
-        outputs[s][prompts[i]] = out
+    def run_one(s: float | None, i: int) -> Any:
+        [out] = adapter.generate([prompts[i]], max_new, specs[0.0 if s is None else s])
+        if s is not None:
+            outputs[s][prompts[i]] = out
         return _timing(out.stats, len(out.token_ids), "generation")
 
     progress(f"{metric}: {n} items x {max_new} tokens under {len(sensitivities)} sensitivities, interleaved")

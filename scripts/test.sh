@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 . .venv/bin/activate
 python -m pytest tests -q -p no:cacheprovider
-python -m pytest suites --rsp-quick -q -p no:cacheprovider
+python -m pytest suites --rsp-quick --rsp-ci -q -p no:cacheprovider

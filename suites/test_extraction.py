@@ -68,7 +68,10 @@ def test_extraction(rsp_config, rsp_adapter_for, rsp_record, rsp_reference_outpu
                     max_new, budgets) -> None:
     squad_items, docs = items
     is_reference_run = rsp_reference_outputs.is_reference(rsp_config)
-    values = extraction_metrics(rsp_adapter_for(rsp_config), rsp_config, squad_items, docs, reference_answers, max_new,
+    # The reference run is the unpruned model every delta is taken against: it records its
+    # absolute scores (the anchor) and no deltas, which would be 0 by definition.
+    values = extraction_metrics(rsp_adapter_for(rsp_config), rsp_config, squad_items, docs,
+                                None if is_reference_run else reference_answers, max_new,
                                 answers=reference_answers if is_reference_run else None)
     record_metrics(rsp_record, rsp_config, values)
     if rsp_config.mode in ("off", "lossless") and not is_reference_run:

@@ -3,12 +3,14 @@ with the ``rsp`` model (rsp_bench/lm_eval_model.py) reusing the session's engine
 off and lossy s=0.5, and lm-eval's scores checked against the harness's own scorer on the same
 outputs.
 
-How the check works: lm-eval's logged generations are replayed through ``rsp_bench.quality
-.extraction_metrics`` (an adapter that answers each prompt with lm-eval's output for it), so the
-harness builds its prompts from ``rsp_bench.datasets`` and scores with ``rsp_bench.metrics``
-exactly as the extraction suite does. A prompt lm-eval sent that the harness would not send
-fails the lookup; a score that differs fails the comparison (means of the same per-document
-values: equal up to the summation order, 1e-12). With pruning off, lm-eval's generations must
+How the check works: lm-eval's logged generations are checked two ways. (1) Prompts and
+plumbing: replayed through ``rsp_bench.quality.extraction_metrics``, they must give lm-eval's
+figures (the task scorers call the same ``rsp_bench.metrics``, so this checks that lm-eval sent
+the harness's prompts and aggregated the same per-document values, not the scoring itself).
+(2) Scoring, independently: SQuAD EM and F1 are recomputed by an implementation of the official
+SQuAD v1.1/2.0 evaluation rules written in this file (it shares no code with rsp_bench.metrics),
+and must equal lm-eval's; for JSON, a strict reading (``json.loads`` of the first object, exact
+field equality) must never score above the lenient field F1 lm-eval reports. With pruning off, lm-eval's generations must
 also equal the harness's own generations of the same prompts (ReferenceAdapter, batch 1): the
 model's chat template through lm-eval's ``--apply_chat_template`` reaches the same token ids as
 ``engine.encode(prompt, chat=True)``.
@@ -25,8 +27,11 @@ Must NOT compute a figure itself (rsp_bench.metrics / rsp_bench.quality do) or l
 
 from __future__ import annotations
 
+import collections
 import json
 import math
+import re
+import string
 from pathlib import Path
 
 import pytest
@@ -35,7 +40,7 @@ from rsp_bench import datasets as ds
 from rsp_bench.engines import ConfigSpec, Output, format_config_id, pruning_config
 from rsp_bench.quality import extraction_metrics, extraction_prompts
 
-pytestmark = pytest.mark.lm_eval
+pytestmark = [pytest.mark.lm_eval, pytest.mark.reference_only]
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "lm_eval_tasks"
 QUICK = {"rsp_squad": 2, "rsp_structured": 1}
@@ -89,6 +94,47 @@ def lm_eval_runs(rsp_engine, sizes, passages) -> dict[tuple[str, float | None], 
     return runs
 
 
+def _official_normalize(s: str) -> str:
+    """The official SQuAD evaluation script's normalize_answer, written out again here."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def _official_scores(prediction: str, golds: list[str]) -> tuple[float, float]:
+    """(EM, F1) of one prediction, max over gold answers, as the official script computes them."""
+    def f1(gold: str) -> float:
+        p, g = _official_normalize(prediction).split(), _official_normalize(gold).split()
+        if not p or not g:  # SQuAD 2.0 rule: both empty scores 1, one empty scores 0
+            return float(p == g)
+        common = sum((collections.Counter(p) & collections.Counter(g)).values())
+        if common == 0:
+            return 0.0
+        precision, recall = common / len(p), common / len(g)
+        return 2 * precision * recall / (precision + recall)
+
+    golds = [g for g in golds if _official_normalize(g)] or [""]  # v2.0: unanswerable means gold ""
+    em = max(float(_official_normalize(prediction) == _official_normalize(g)) for g in golds)
+    return em, max(f1(g) for g in golds)
+
+
+def _strict_field_f1(text: str, gold: dict) -> float:
+    """Field F1 with no leniency: the first {...} must parse as JSON and values must be equal."""
+    start, end = text.find("{"), text.rfind("}")
+    try:
+        predicted = json.loads(text[start:end + 1]) if 0 <= start < end else None
+    except json.JSONDecodeError:
+        predicted = None
+    if not isinstance(predicted, dict) or not gold:
+        return 0.0
+    hits = sum(1 for k, v in gold.items() if k in predicted and predicted[k] == v)
+    if hits == 0:
+        return 0.0
+    precision, recall = hits / len(predicted), hits / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
 def _outputs(run: dict, task: str) -> list[tuple[dict, str]]:
     """(doc, the text lm-eval scored) per document, in document order."""
     rows = sorted(run["samples"][task], key=lambda s: s["doc_id"])
@@ -125,6 +171,20 @@ def test_lm_eval_scores_match_the_harness_scorer(mode, s, lm_eval_runs, sizes, p
         rsp_record.add_metric(spec.config_id, f"lm_eval_{task}_{metric}", theirs, harness[metric].n,
                               ci=harness[metric].ci, unit="fraction", engine=spec.engine, mode=mode, sensitivity=s,
                               params=spec.params)
+    # The scoring itself, checked by an implementation that shares no code with lm-eval's scorer.
+    # The answer is first cut to its short form (quality.short_answer: the harness's reading of
+    # a chat model's preamble, applied by both sides before any scoring).
+    from rsp_bench.quality import short_answer
+
+    official = [_official_scores(short_answer(text), doc["answers"]) for doc, text in squad_out]
+    for i, metric in enumerate(("squad_em", "squad_f1")):
+        mine = sum(o[i] for o in official) / len(official)
+        theirs = run["results"]["rsp_squad"][f"{metric},none"]
+        assert abs(mine - theirs) <= 1e-9, (
+            f"{spec.config_id}: lm-eval {metric} = {theirs!r}, official SQuAD rules give {mine!r}")
+    strict = sum(_strict_field_f1(text, json.loads(doc["fields_json"])) for doc, text in json_out) / len(json_out)
+    lenient = run["results"]["rsp_structured"]["json_field_f1,none"]
+    assert strict <= lenient + 1e-9, f"{spec.config_id}: strict JSON field F1 {strict} above lm-eval's {lenient}"
     ppl = run["results"]["rsp_perplexity"]["word_perplexity,none"]
     assert math.isfinite(ppl) and ppl > 1.0, f"{spec.config_id}: word perplexity {ppl!r}"
     rsp_record.add_metric(spec.config_id, "lm_eval_rsp_perplexity_word_perplexity", ppl, len(passages),
