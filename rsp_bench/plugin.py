@@ -68,6 +68,7 @@ MARKERS = {
     "lm_eval": "lm-evaluation-harness tasks through the engine adapter (rsp-bench)",
     "gpu": "needs a CUDA device; skipped without one",
     "reference_only": "exercises the reference engine itself; skipped under another --rsp-engine",
+    "docs": "a documentation page's examples, run as written",
 }
 # Markers whose tests, when they run, name a suite in the run record.
 SUITE_MARKERS = ("equivalence", "extraction", "throughput", "adversarial", "lm_eval")

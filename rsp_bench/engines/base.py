@@ -119,8 +119,12 @@ def register_engine(name: str, *, modes: Sequence[str] | None = None,
         raise HarnessInputError(f"engine name must match [a-z0-9][a-z0-9._-]* (it starts config ids), got {name!r}")
 
     def decorate(factory: Callable[..., EngineAdapter]) -> Callable[..., EngineAdapter]:
-        if name in _REGISTRY and _REGISTRY[name] is not factory:
-            raise HarnessInputError(f"engine name {name!r} is already registered (by {_REGISTRY[name]!r})")
+        known = _REGISTRY.get(name)
+        # The same factory of the same module registering again is a re-import (pytest's
+        # in-process runs, importlib.reload), not a clash between two engines.
+        same = known is not None and (known.__module__, known.__qualname__) == (factory.__module__, factory.__qualname__)
+        if known is not None and known is not factory and not same:
+            raise HarnessInputError(f"engine name {name!r} is already registered (by {known!r})")
         if modes is not None:
             factory.modes = tuple(modes)  # type: ignore[attr-defined]
         if configurations is not None:
