@@ -7,7 +7,9 @@ bypassed according to a per-step plan that the router made *before* the step sta
 Weights are re-laid once at load for batch-1 decode speed: q/k/v fused into one matrix and
 gate/up fused into another, so each block reads its weights in four matrix products.
 The arithmetic mirrors ``transformers``' Llama (same RMSNorm, RoPE table and SDPA call) so that
-with every block kept, greedy output equals ``model.generate`` token for token.
+with every block kept, greedy output equals ``model.generate`` token for token. The decode step
+has a second, faster kernel (``decode_step(kernel="numpy")``, in decode_numpy.py): the same math
+on OpenBLAS, equal to float32 rounding but not bit for bit; "torch" stays the default.
 
 Must not import the harness (``rsp_bench``) or anything from the router: this file is the math.
 """
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .decode_numpy import decode_step_numpy
 
 Tensor = torch.Tensor
 
@@ -139,6 +143,14 @@ class KVCache:
     k: list[Tensor]
     v: list[Tensor]
     length: int = 0
+    _np: tuple | None = None  # zero-copy numpy views of k and v, made once (decode_numpy)
+
+    def numpy_views(self) -> tuple[list, list]:
+        """(k, v) as lists of numpy arrays sharing the tensors' memory; built on first use
+        because a torch ``.numpy()`` call per layer per step costs more than the attention."""
+        if self._np is None:
+            self._np = ([t.numpy() for t in self.k], [t.numpy() for t in self.v])
+        return self._np
 
     @classmethod
     def allocate(cls, dims: ModelDims, batch: int, capacity: int, dtype=torch.float32, device="cpu") -> "KVCache":
@@ -247,16 +259,25 @@ class BypassMap:
     up: Tensor  # [r, D]
 
 
+DECODE_KERNELS = ("torch", "numpy")
+
+
 def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: Tensor,
                 key_valid: Tensor, keep: list[bool] | None, bypass: list[BypassMap | None] | None,
-                stream: Tensor | None) -> Tensor:
+                stream: Tensor | None, kernel: str = "torch") -> Tensor:
     """Decode one token per row. ``token_ids`` [B], ``positions`` [B] (RoPE positions).
 
     ``keep[l]`` False bypasses block l (identity, or its BypassMap when one is given) after writing
     its K/V. ``stream`` [L+1, B, D], when given, receives the residual stream at every block
     boundary so the router can measure updates without extra work inside the loop.
-    Returns logits [B, V].
+    ``kernel``: "torch" (the exact path: the same kernels as ``transformers``, bit for bit) or
+    "numpy" (``decode_numpy``: same math over zero-copy numpy views; OpenBLAS sums in another
+    order, so logits differ in the last bits). Returns logits [B, V].
     """
+    if kernel == "numpy":
+        return decode_step_numpy(w, cache, token_ids, positions, key_valid, keep, bypass, stream)
+    if kernel != "torch":
+        raise ValueError(f"decode kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
     dims = w.dims
     start = cache.length
     h = F.embedding(token_ids, w.embed)[:, None, :]
