@@ -1,0 +1,22 @@
+"""The reference engine as an OpenAI-compatible server (``rsp-bench serve``).
+
+    schemas   pydantic request / response bodies (declared once)
+    knobs     X-Pruning-* headers and the body's ``pruning`` object -> PruningConfig; APIError
+    runner    the engine's worker thread, bounded queue, and the engine calls the routes make
+    metrics   Prometheus metrics (prometheus_client)
+    app       create_app(engine, ServerSettings): thin FastAPI route handlers
+    main      configure_parser / run: what ``rsp-bench serve`` calls
+
+Part of the engine library: it must not import the harness (``rsp_bench``). Needs the ``serve``
+extra (fastapi, uvicorn, prometheus_client); importing this package imports none of them.
+"""
+
+__all__ = ["create_app", "ServerSettings"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'reference_engine.server' has no attribute {name!r}")

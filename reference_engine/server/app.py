@@ -1,0 +1,365 @@
+"""The FastAPI application: thin route handlers over runner.py, OpenAI-style errors, metrics.
+
+``create_app(engine, ServerSettings(...))`` builds the app; ``rsp-bench serve`` runs it under
+uvicorn (main.py). Routes: POST /v1/chat/completions, POST /v1/completions, POST /tokenize,
+POST /detokenize, GET /tokenizer_info (vLLM's shapes, for lm-eval's ``tokenizer_backend=remote``),
+GET /v1/models, GET /health, GET /metrics (Prometheus text format).
+
+Every response carries ``X-Request-Id``; generation responses also ``X-Pruning-Stats`` and the
+same stats under ``pruning`` in the body. Errors are ``{"error": {message, type, param, code}}``:
+400 for a bad value or header, 422 for a body that does not match the schema, 404 for an
+unknown model or route, 429 with ``Retry-After`` when the queue is full; a 500 is a bug and
+never carries a traceback. Must not import the harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..config import PruningConfig
+from . import runner, schemas as S
+from .knobs import APIError, request_config, stats_header
+from .metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+log = logging.getLogger("reference_engine.server")
+DEFAULT_CHAT_MAX_TOKENS = 128
+
+
+@dataclass
+class ServerSettings:
+    default_config: PruningConfig
+    max_queue: int = 32
+    retry_after_s: int = 1
+    served_model_name: str | None = None
+    log_file: IO[str] | None = None  # JSON-lines engine logs, tagged with request ids
+
+
+def _error(status: int, message: str, param: str | None = None, type_: str = "invalid_request_error",
+           code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = S.ErrorResponse(error=S.ErrorBody(message=message, type=type_, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _loc_name(loc: Sequence[Any]) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or "body"
+
+
+def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
+    """The OpenAI-compatible app serving ``engine`` (already loaded and calibrated)."""
+    worker = runner.EngineWorker(settings.max_queue)
+    metrics = ServerMetrics(lambda: worker.depth)
+    model_name = settings.served_model_name or engine.name
+    log_lock = threading.Lock()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        worker.shutdown()  # after uvicorn's graceful drain: cancels what is still queued
+
+    app = FastAPI(title="rsp-bench reference engine", version="0.1.0", lifespan=lifespan)
+    app.state.worker, app.state.metrics, app.state.engine = worker, metrics, engine
+
+    # ---- errors ----
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.param, exc.type, exc.code, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            return _error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}",
+                          "body", code="invalid_json")
+        param = _loc_name(first.get("loc", ()))
+        got = first.get("input", None)
+        got_text = "" if first.get("type") == "missing" else f", got {json.dumps(got, default=str)[:200]}"
+        return _error(422, f"{param}: {first.get('msg', 'invalid value')}{got_text}", param, code=first.get("type"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", None,
+                      code="not_found" if exc.status_code == 404 else None)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return _error(500, f"internal error ({type(exc).__name__}); see the server log", None, "server_error")
+
+    @app.middleware("http")
+    async def _request_id(request: Request, call_next):
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request.state.request_id = rid
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        response.headers["X-Request-Id"] = rid
+        metrics.observe(request.url.path, response.status_code, time.perf_counter() - t0)
+        return response
+
+    # ---- helpers ----
+    def check_model(name: str | None) -> None:
+        if name not in (None, "", model_name, engine.name):
+            raise APIError(404, f"model {name!r} is not served here; this server serves {model_name!r}", "model",
+                           code="model_not_found")
+
+    def config_for(request: Request, body: S.PruningBody | None) -> PruningConfig:
+        return request_config(settings.default_config, request.headers, body, engine.dims.n_layers)
+
+    def log_for(request: Request) -> IO[str] | None:
+        if settings.log_file is None:
+            return None
+        return runner.TaggedLog(settings.log_file, request.state.request_id, log_lock)
+
+    async def run(request: Request, fn) -> Any:
+        try:
+            return await runner.run_guarded(worker, fn, request.is_disconnected)
+        except runner.QueueFull:
+            metrics.rejected.inc()
+            raise APIError(429, f"the request queue is full ({worker.max_queue} requests waiting or running); "
+                                f"retry after {settings.retry_after_s} s", None, "rate_limit_error", "queue_full",
+                           {"Retry-After": str(settings.retry_after_s)}) from None
+
+    def tok_str(t: int, as_ids: bool = False) -> str:
+        return f"token_id:{t}" if as_ids else engine.tokenizer.decode([t], skip_special_tokens=False)
+
+    def stop_list(stop: str | list[str] | None) -> list[str]:
+        return [stop] if isinstance(stop, str) else list(stop or [])
+
+    def headers_for(request: Request, stats: dict[str, Any]) -> dict[str, str]:
+        return {"X-Pruning-Stats": stats_header(stats), "X-Request-Id": request.state.request_id}
+
+    # ---- generation ----
+    @app.post("/v1/chat/completions", response_model=S.ChatCompletionResponse)
+    async def chat_completions(body: S.ChatCompletionRequest, request: Request):
+        check_model(body.model)
+        cfg = config_for(request, body.pruning)
+        messages = []
+        for i, m in enumerate(body.messages):
+            content = m.content
+            if isinstance(content, list):  # OpenAI content parts: only text parts are served
+                texts = []
+                for part in content:
+                    if part.get("type") != "text":
+                        raise APIError(400, f"content part type {part.get('type')!r} is not supported (text only)",
+                                       f"messages.{i}.content", code="invalid_value")
+                    texts.append(str(part.get("text", "")))
+                content = "".join(texts)
+            messages.append({"role": m.role, "content": content or ""})
+        max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
+        want_logprobs = bool(body.logprobs)
+        n_top = body.top_logprobs or 0
+        try:
+            ids = runner.chat_ids(engine, messages)
+        except Exception as exc:  # a template that rejects the roles, e.g. two system messages
+            raise APIError(400, f"the chat template rejected the messages: {exc}", "messages",
+                           code="invalid_value") from None
+        runner.check_fit(engine, ids, max_tokens, "messages")
+        users = [m["content"] for m in messages]
+        prompt_text = users[0] if len(users) == 1 else "\n".join(users)
+        lf = log_for(request)
+        gen = await run(request, lambda: runner.run_completion(
+            engine, ids, prompt_text, max_tokens, cfg, float(body.temperature or 0.0), body.seed,
+            stop_list(body.stop), want_logprobs, False, None, lf))
+        metrics.record(gen.stats, len(ids), len(gen.token_ids))
+        stats = S.PruningStats(**{k: gen.stats[k] for k in S.PruningStats.model_fields})
+        usage = S.Usage(prompt_tokens=len(ids), completion_tokens=len(gen.token_ids),
+                        total_tokens=len(ids) + len(gen.token_ids))
+        logprobs = None
+        if want_logprobs and gen.logits is not None:
+            content = []
+            as_ids = body.return_tokens_as_token_ids
+            for t, row in zip(gen.token_ids, gen.logits):
+                tops = [S.TopLogprob(token=tok_str(i, as_ids), logprob=v, bytes=list(tok_str(i).encode()))
+                        for i, v in runner.top_entries(row, n_top)]
+                s = tok_str(t, as_ids)
+                content.append(S.TokenLogprob(token=s, logprob=runner.token_logprob(row, t), bytes=list(tok_str(t).encode()),
+                                              top_logprobs=tops))
+            logprobs = S.ChatLogprobs(content=content)
+        rid = f"chatcmpl-{request.state.request_id}"
+        created = int(time.time())
+        headers = headers_for(request, gen.stats)
+        if not body.stream:
+            resp = S.ChatCompletionResponse(
+                id=rid, created=created, model=model_name, usage=usage, pruning=stats,
+                choices=[S.ChatChoice(index=0, message=S.ChatResponseMessage(content=gen.text), logprobs=logprobs,
+                                      finish_reason=gen.finish_reason)])
+            return JSONResponse(resp.model_dump(), headers=headers)
+
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def events() -> AsyncIterator[str]:
+            base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name}
+            yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None}]})
+            prev = ""
+            for n, t in enumerate(gen.token_ids, 1):
+                # capped at the final text, which ends before a stop string
+                text = engine.decode(gen.token_ids[:n])[:len(gen.text)]
+                delta, prev = text[len(prev):], text
+                lp = None
+                if logprobs is not None:
+                    lp = {"content": [logprobs.content[n - 1].model_dump()]}
+                yield _sse({**base, "choices": [{"index": 0, "delta": {"content": delta}, "logprobs": lp,
+                                                 "finish_reason": None}]})
+                await asyncio.sleep(0)
+            yield _sse({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                             "finish_reason": gen.finish_reason}], "pruning": stats.model_dump()})
+            if include_usage:
+                yield _sse({**base, "choices": [], "usage": usage.model_dump(), "pruning": stats.model_dump()})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+    @app.post("/v1/completions", response_model=S.CompletionResponse)
+    async def completions(body: S.CompletionRequest, request: Request):
+        check_model(body.model)
+        cfg = config_for(request, body.pruning)
+        if body.stream:
+            raise APIError(400, "stream=true is served on /v1/chat/completions only", "stream", code="unsupported")
+        if body.max_tokens == 0 and not body.echo:
+            raise APIError(400, "max_tokens=0 needs echo=true (nothing would be returned)", "max_tokens",
+                           code="invalid_value")
+        if body.decode_from is not None and not body.echo:
+            raise APIError(400, "decode_from needs echo=true", "decode_from", code="invalid_value")
+        prompts = _prompt_list(body.prompt)
+        encoded = []
+        for i, p in enumerate(prompts):
+            ids = list(engine.tokenizer(p, add_special_tokens=True)["input_ids"]) if isinstance(p, str) else list(p)
+            param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+            runner.check_fit(engine, ids, body.max_tokens, param)
+            encoded.append((p if isinstance(p, str) else engine.decode(ids), ids))
+        want = body.logprobs is not None
+        lf = log_for(request)
+
+        def work() -> list[runner.Generated]:
+            return [runner.run_completion(engine, ids, text, body.max_tokens, cfg, float(body.temperature or 0.0),
+                                          body.seed, stop_list(body.stop), want, body.echo, body.decode_from, lf)
+                    for text, ids in encoded]
+
+        gens = await run(request, work)
+        choices = []
+        n_prompt = n_out = 0
+        for index, g in enumerate(gens):
+            n_prompt += len(g.prompt_ids)
+            n_out += len(g.token_ids)
+            metrics.record(g.stats, len(g.prompt_ids), len(g.token_ids))
+            text = (engine.decode(g.prompt_ids) if body.echo else "") + g.text
+            lp = _completion_logprobs(g, body, tok_str) if want else None
+            choices.append(S.CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=g.finish_reason,
+                                              pruning=S.PruningStats(**{k: g.stats[k] for k in S.PruningStats.model_fields})))
+        total = runner.sum_stats([g.stats for g in gens])
+        resp = S.CompletionResponse(id=f"cmpl-{request.state.request_id}", created=int(time.time()), model=model_name,
+                                    choices=choices, usage=S.Usage(prompt_tokens=n_prompt, completion_tokens=n_out,
+                                                                   total_tokens=n_prompt + n_out),
+                                    pruning=S.PruningStats(**total))
+        return JSONResponse(resp.model_dump(), headers=headers_for(request, total))
+
+    # ---- tokenizer (vLLM shapes) ----
+    @app.post("/tokenize")
+    async def tokenize(body: S.TokenizeRequest):
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt or messages", "prompt", code="invalid_value")
+        if body.prompt is not None:
+            ids = list(engine.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
+        else:
+            ids = runner.chat_ids(engine, [m.model_dump() for m in body.messages])
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": engine.dims.max_positions, "tokens": ids}
+        out["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(body: S.DetokenizeRequest):
+        check_model(body.model)
+        bad = next((t for t in body.tokens if not 0 <= t < engine.dims.vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is out of range for a vocabulary of {engine.dims.vocab}", "tokens",
+                           code="invalid_value")
+        return {"prompt": engine.tokenizer.decode(body.tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        tok = engine.tokenizer
+        return {"tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
+                "pad_token": tok.pad_token, "unk_token": tok.unk_token, "chat_template": tok.chat_template,
+                "model_max_length": engine.dims.max_positions, "vocab_size": engine.dims.vocab}
+
+    # ---- service ----
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "rsp-bench", "max_model_len": engine.dims.max_positions}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "queue_depth": worker.depth, "max_queue": worker.max_queue}
+
+    @app.get("/metrics")
+    async def prometheus():
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    return app
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _prompt_list(prompt: S.PromptType) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", "prompt", code="invalid_value")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def _completion_logprobs(g: runner.Generated, body: S.CompletionRequest, tok_str) -> S.CompletionLogprobs:
+    n = int(body.logprobs or 0)
+    as_ids = body.return_tokens_as_token_ids
+    tokens: list[str] = []
+    token_lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    offset = 0
+
+    def add(t: int, row) -> None:
+        nonlocal offset
+        s = tok_str(t, as_ids)
+        tokens.append(s)
+        offsets.append(offset)
+        offset += len(tok_str(t))
+        if row is None:
+            token_lps.append(None)
+            tops.append(None)
+            return
+        token_lps.append(runner.token_logprob(row, t))
+        top = {tok_str(i, as_ids): v for i, v in runner.top_entries(row, n)}
+        top.setdefault(s, token_lps[-1])  # OpenAI: the sampled token is always listed
+        tops.append(top)
+
+    if body.echo:
+        for i, t in enumerate(g.prompt_ids):
+            add(t, None if i == 0 else g.prompt_logits[i - 1])
+    for j, t in enumerate(g.token_ids):
+        add(t, g.logits[j] if g.logits is not None else None)
+    return S.CompletionLogprobs(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops, text_offset=offsets)

@@ -1,0 +1,65 @@
+"""Prometheus metrics of the server (prometheus_client, one registry per app, so two apps in one
+process, as in the unit tests, do not share counters).
+
+    rsp_requests_total{path,status}     answered requests
+    rsp_request_latency_seconds{path}   latency histogram
+    rsp_prompt_tokens_total, rsp_completion_tokens_total
+    rsp_layers_bypassed_total, rsp_block_steps_total   bypass ratio = bypassed / block steps
+    rsp_bypass_ratio                    bypass ratio of all decoded tokens so far
+    rsp_degraded_requests_total         requests where protective degradation turned pruning off
+    rsp_rejected_total                  429s (queue full)
+    rsp_queue_depth                     requests waiting or running now
+
+Must not import torch or the harness.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_PATHS = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/tokenizer_info",
+          "/v1/models", "/health", "/metrics")
+
+
+class ServerMetrics:
+    def __init__(self, queue_depth: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("rsp_requests", "answered requests", ["path", "status"], registry=r)
+        self.latency = Histogram("rsp_request_latency_seconds", "request latency", ["path"], registry=r,
+                                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.prompt_tokens = Counter("rsp_prompt_tokens", "prompt tokens processed", registry=r)
+        self.completion_tokens = Counter("rsp_completion_tokens", "tokens generated", registry=r)
+        self.bypassed = Counter("rsp_layers_bypassed", "block-steps bypassed", registry=r)
+        self.block_steps = Counter("rsp_block_steps", "block-steps decoded (blocks x tokens)", registry=r)
+        self.degraded = Counter("rsp_degraded_requests", "requests degraded to unpruned", registry=r)
+        self.rejected = Counter("rsp_rejected", "requests rejected with 429 (queue full)", registry=r)
+        self.ratio = Gauge("rsp_bypass_ratio", "bypass ratio over all decoded tokens", registry=r)
+        self.ratio.set_function(self._ratio)
+        depth = Gauge("rsp_queue_depth", "requests waiting or running", registry=r)
+        depth.set_function(lambda: float(queue_depth()))
+        self._bypassed = self._steps = 0
+
+    def _ratio(self) -> float:
+        return self._bypassed / self._steps if self._steps else 0.0
+
+    def observe(self, path: str, status: int, seconds: float) -> None:
+        label = path if path in _PATHS else "other"  # unknown paths must not grow the label set
+        self.requests.labels(label, str(status)).inc()
+        self.latency.labels(label).observe(seconds)
+
+    def record(self, stats: Mapping[str, Any], prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.completion_tokens.inc(completion_tokens)
+        steps = int(stats["blocks"]) * int(stats["total_tokens"])
+        self.bypassed.inc(int(stats["layers_bypassed"]))
+        self.block_steps.inc(steps)
+        self._bypassed += int(stats["layers_bypassed"])
+        self._steps += steps
+        if stats.get("degraded"):
+            self.degraded.inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,184 @@
+"""Request and response bodies of the OpenAI-compatible server, declared once as pydantic models.
+
+The request models accept the fields OpenAI clients send and ignore the rest (``extra="allow"``:
+the official client and lm-eval send fields this server has no use for, e.g. ``user``); a field
+this server reads is validated here, so a bad value is a 422 naming it before any engine work.
+Two extensions beyond the OpenAI API, both optional: the ``pruning`` object (per-request knobs,
+see knobs.py) and, on completions, ``decode_from`` (prompt tokens from that index on are fed
+through the engine's decode path, pruning applied, as ``Engine.teacher_forced`` does; earlier
+ones are prefilled in full) plus vLLM's ``return_tokens_as_token_ids``.
+
+Must not import torch, the engine or the harness: these are plain data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's own limit for top_logprobs
+
+
+class PruningBody(BaseModel):
+    """Per-request pruning knobs in the body; each overrides the header of the same name."""
+
+    model_config = ConfigDict(extra="forbid")
+    sensitivity: float | None = None
+    blacklist: Union[list[int], str, None] = None  # a list of block indices or a comma list
+    log_level: str | None = None
+    mode: str | None = None
+    hardware_watermark: float | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: Union[str, list[dict[str, Any]], None] = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    temperature: float | None = Field(default=0.0, ge=0.0, le=2.0)
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=1)  # one choice per prompt: the engine decodes greedily
+    pruning: PruningBody | None = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    return_tokens_as_token_ids: bool = False  # vLLM's extension: logprob tokens as "token_id:N"
+
+
+PromptType = Union[str, list[str], list[int], list[list[int]]]
+
+
+class CompletionRequest(_Common):
+    prompt: PromptType
+    max_tokens: int = Field(default=16, ge=0)
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    decode_from: int | None = Field(default=None, ge=1)
+    return_tokens_as_token_ids: bool = False
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    tokens: list[int]
+
+
+# ---------------------------------------------------------------- responses
+
+
+class PruningStats(BaseModel):
+    layers_bypassed: int
+    total_tokens: int
+    bypass_ratio: float
+    degraded: bool
+    degraded_reason: str | None
+    mode: str
+    sensitivity: float
+    blocks: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    pruning: PruningStats
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str
+    # Extension: the engine's own stats for this choice (the response's ``pruning`` sums them).
+    pruning: PruningStats | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    pruning: PruningStats
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
