@@ -1,19 +1,30 @@
-"""Leaderboard: tables and a quality-versus-speed plot rebuilt from run records.
+"""Leaderboard: the board that ranks engines and configurations, rebuilt from run records.
 
-One row per model x engine x configuration; for each such key the newest record that
-has it wins (creation time, then run id), so a partial run updates only what it ran.
-Every row names the run it came from (``record`` column), so every figure traces to a
-record; figures a record lacks are shown as "—". Projected figures are labelled
-"projected" in every header: they are modelled from datasheet profiles, not measured.
+One section per model x machine x prompt set (quick or full), because a ratio measured on one
+machine, or a quality figure on one prompt set, says nothing next to another's. In a section,
+one row per engine and configuration (the reference in each mode, the static baselines,
+hf-generate, each llama-cpp rung, ...), the newest record that has it winning. Every row is
+compared with one anchor, ``reference/off`` *of the run the row came from*: quality figures are
+measured against its outputs, and the speed-up is the interleaved ratio to it (A B A B in one
+process; for hf-generate the inverse of reference/off's measured ratio over it, marked
+"derived"). Rows are ranked by that speed-up; "exact" marks a configuration whose greedy output
+equalled reference/off on every prompt (exact match 1.000, F1 deltas 0); "Pareto" marks one no
+other row beats on both measured speed-up and top-1 agreement.
 
-Outputs (all written atomically through ``rsp_bench.storage``, byte-for-byte identical
-when rebuilt from the same records: no timestamps, no paths, fixed plot size, dpi,
-style and PNG metadata): ``leaderboard.md`` (GitHub tables), ``leaderboard.html`` and
-``quality_vs_speed.png``. Also holds the ``rsp-bench leaderboard`` CLI glue, and
-re-exports the ``rsp-bench baseline`` glue that ``rsp_bench.baselines`` owns.
+Under the table: a Pareto plot of top-1 agreement against measured speed-up (log x, exact
+configurations marked), and a short "what changed" list between the newest record of the
+section and the one before it. Projected GPU figures (modelled from datasheet profiles, not
+measured) go in their own table, as do the protective-degradation rates. Records drawn on other
+prompt subsets (``--rsp-subset-seed``) are left out and counted.
 
-Must NOT import torch, transformers or reference_engine; matplotlib is imported only
-when the plot is drawn, and never through pyplot (no global backend or figure state).
+Outputs (written atomically through ``rsp_bench.storage``, byte for byte identical when rebuilt
+from the same records: no timestamps, no paths, fixed plot size, dpi, style and PNG metadata):
+``leaderboard.md``, ``leaderboard.html`` and ``quality_vs_speed.png``. Also holds the
+``rsp-bench leaderboard`` CLI glue, and re-exports the ``rsp-bench baseline`` glue that
+``rsp_bench.baselines`` owns.
+
+Must NOT import torch, transformers or reference_engine; matplotlib is imported only when the
+plot is drawn, and never through pyplot (no global backend or figure state).
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import html
 import io
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -30,27 +42,21 @@ from tabulate import tabulate
 
 from rsp_bench.baselines import configure_baseline_parser, run_baseline
 from rsp_bench.errors import HarnessInputError
+from rsp_bench.profiles import PROFILES
 from rsp_bench.records import latest_records, record_sort_key, validate_record
 from rsp_bench.storage import atomic_write_bytes, atomic_write_text
 
 __all__ = [
-    "COLUMNS",
-    "MISSING",
-    "leaderboard_entries",
-    "build_leaderboard",
-    "render_markdown",
-    "render_html",
-    "render_plot_png",
-    "write_leaderboard",
-    "configure_leaderboard_parser",
-    "run_leaderboard",
-    "configure_baseline_parser",
-    "run_baseline",
+    "ANCHOR", "COLUMNS", "PROJECTED_COLUMNS", "DEGRADATION_COLUMNS", "MISSING", "Entry", "Section",
+    "sections", "leaderboard_entries", "build_leaderboard", "pareto_front", "what_changed",
+    "render_markdown", "render_html", "render_plot_png", "write_leaderboard",
+    "configure_leaderboard_parser", "run_leaderboard", "configure_baseline_parser", "run_baseline",
 ]
 
 MISSING = "—"
-# Profiles shown in the table; H200 figures stay in the records (the table is wide already).
-TABLE_PROFILES = ("V100", "A100", "H100")
+ANCHOR = "reference/off"
+PLOT_NAME = "quality_vs_speed.png"
+MAX_CHANGES = 12  # lines of the "what changed" list per section; the rest are counted
 
 
 def _fixed(digits: int) -> Callable[[float], str]:
@@ -61,30 +67,74 @@ def _signed(digits: int) -> Callable[[float], str]:
     return lambda v: f"{v:+.{digits}f}"
 
 
-def _times(v: float) -> str:
-    return f"{v:.2f}×"
-
-
 def _thousands(v: float) -> str:
     return f"{v:,.0f}"
 
 
-# (header, metric name, formatter): the one list the tables are made from.
-COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
-    ("exact match", "exact_match_rate", _fixed(3)),
-    ("top-1 agreement", "top1_agreement", _fixed(3)),
-    ("KL mean (nats)", "kl_mean", _fixed(4)),
-    ("SQuAD F1 Δ", "squad_f1_delta", _signed(3)),
-    ("JSON-field F1 Δ", "json_field_f1_delta", _signed(3)),
-    ("bypass ratio", "bypass_ratio", _fixed(3)),
-    ("measured CPU speed-up", "speedup_vs_off", _times),
-    *((f"projected tok/s {p}", f"projected_tokens_per_s_{p}", _thousands) for p in TABLE_PROFILES),
-    *((f"projected idle {p}", f"projected_idle_fraction_{p}", _fixed(3)) for p in TABLE_PROFILES),
-    ("degradation FP rate", "degradation_false_positive_rate", _fixed(3)),
-    ("degradation detection", "degradation_detection_rate", _fixed(3)),
+# (header, metric, formatter, show CI): the quality columns of the main table.
+COLUMNS: tuple[tuple[str, str, Callable[[float], str], bool], ...] = (
+    ("exact match", "exact_match_rate", _fixed(3), False),
+    ("top-1 agreement", "top1_agreement", _fixed(3), False),
+    ("KL mean (nats)", "kl_mean", _fixed(4), False),
+    ("SQuAD F1 Δ", "squad_f1_delta", _signed(3), True),
+    ("JSON-field F1 Δ", "json_field_f1_delta", _signed(3), True),
 )
-KEY_HEADERS = ("model", "engine", "config")
-RECORD_HEADER = "record"
+SPEEDUP_HEADER = f"measured speed-up vs {ANCHOR}"
+TOKS_HEADER = "decode tok/s (measured)"
+MAIN_HEADERS = ("rank", "engine", "configuration", "exact", *(c[0] for c in COLUMNS), SPEEDUP_HEADER,
+                TOKS_HEADER, "Pareto", "record")
+PROJECTED_COLUMNS: tuple[tuple[str, str, Callable[[float], str], bool], ...] = (
+    *((f"projected tok/s {p}", f"projected_tokens_per_s_{p}", _thousands, False) for p in PROFILES),
+    *((f"projected idle {p}", f"projected_idle_fraction_{p}", _fixed(3), False) for p in PROFILES),
+)
+DEGRADATION_COLUMNS: tuple[tuple[str, str, Callable[[float], str], bool], ...] = (
+    ("false-positive rate (benign prompts)", "degradation_false_positive_rate", _fixed(3), False),
+    ("detection rate (adversarial prompts)", "degradation_detection_rate", _fixed(3), False),
+)
+
+
+@dataclass
+class Entry:
+    """One row: the configuration as the newest record of its section holds it.
+
+    ``speedup``: (value, ci or None, how) with how "measured" (interleaved with the anchor),
+    "anchor" (reference/off itself) or "derived" (hf-generate: 1 / reference/off's measured
+    ratio over it); None when the run timed nothing.
+    """
+
+    config: str
+    engine: str
+    mode: str
+    run_id: str
+    partial: bool
+    metrics: Mapping[str, Any]
+    speedup: tuple[float, tuple[float, float] | None, str] | None
+    exact: bool | None
+
+    def value(self, metric: str) -> float | None:
+        m = self.metrics.get(metric)
+        return None if m is None else float(m["value"])
+
+
+@dataclass
+class Section:
+    """A model on one machine on one prompt set: the rows that may share a ratio column."""
+
+    model: str
+    machine: Mapping[str, Any]
+    quick: bool
+    records: list[dict[str, Any]]  # newest first
+    entries: list[Entry] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        m = self.machine
+        gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+        return (f"{self.model} on machine {m['fingerprint']} ({m['cpu']}, {m['cores']} cores{gpu}), "
+                f"{'quick' if self.quick else 'full'} prompt set")
+
+
+# --------------------------------------------------------------------------- rows
 
 
 def _as_records(records_dir_or_records: str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -96,133 +146,335 @@ def _as_records(records_dir_or_records: str | os.PathLike[str] | Iterable[Mappin
     return records
 
 
-def leaderboard_entries(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The winning (record, configuration) per model x engine x configuration, sorted by that key.
+def _subset_seed(record: Mapping[str, Any]) -> int:
+    seed = record.get("extra", {}).get("subset_seed", 0)
+    return seed if isinstance(seed, int) else -1
 
-    Each entry: ``{"model", "engine", "config", "run_id", "quick", "metrics"}`` with the
-    raw metric objects, for callers (the plot) that need numbers rather than text.
-    """
-    winners: dict[tuple[str, str, str], tuple[Any, Mapping[str, Any], Mapping[str, Any]]] = {}
+
+def _speedup(config_id: str, config: Mapping[str, Any], record: Mapping[str, Any]):
+    metrics = config["metrics"]
+    m = metrics.get("speedup_vs_off")
+    if m is not None:
+        return float(m["value"]), (tuple(m["ci"]) if m.get("ci") else None), "measured"
+    anchor = record["configurations"].get(ANCHOR, {}).get("metrics", {})
+    if config_id == ANCHOR and "decode_tokens_per_s" in metrics:
+        return 1.0, None, "anchor"
+    over_hf = anchor.get("speedup_vs_hf_generate")
+    if config["engine"] == "hf-generate" and over_hf is not None and over_hf["value"] > 0:
+        ci = over_hf.get("ci")
+        inv_ci = (1.0 / ci[1], 1.0 / ci[0]) if ci and ci[0] > 0 and ci[1] > 0 else None
+        return 1.0 / float(over_hf["value"]), inv_ci, "derived"
+    return None
+
+
+def _exact(metrics: Mapping[str, Any]) -> bool | None:
+    if "exact_match_rate" not in metrics:
+        return None
+    if metrics["exact_match_rate"]["value"] != 1.0:
+        return False
+    return all(metrics[d]["value"] == 0.0 for d in ("squad_f1_delta", "json_field_f1_delta") if d in metrics)
+
+
+def _rank_key(e: Entry) -> tuple:
+    sp = e.speedup[0] if e.speedup else None
+    top1 = e.value("top1_agreement")
+    return (sp is None, -(sp or 0.0), top1 is None, -(top1 or 0.0), e.config)
+
+
+def sections(records: Iterable[Mapping[str, Any]]) -> tuple[list[Section], int]:
+    """The board's sections, sorted, each with its ranked rows; and how many records were left
+    out because they were drawn on another prompt subset (``--rsp-subset-seed``)."""
+    grouped: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
+    machines: dict[tuple[str, str, bool], Mapping[str, Any]] = {}
+    left_out = 0
     for record in records:
-        order = record_sort_key(record)
-        for config_id, config in record["configurations"].items():
-            key = (record["model"]["name"], config["engine"], config_id)
-            if key not in winners or order > winners[key][0]:
-                winners[key] = (order, record, config)
-    entries = []
-    for key in sorted(winners):
-        _, record, config = winners[key]
-        entries.append({
-            "model": key[0], "engine": key[1], "config": key[2],
-            "run_id": record["run_id"], "quick": record["quick"], "metrics": config["metrics"],
-        })
-    return entries
+        if _subset_seed(record) != 0:
+            left_out += 1
+            continue
+        key = (record["model"]["name"], record["machine"]["fingerprint"], bool(record["quick"]))
+        grouped.setdefault(key, []).append(dict(record))
+    out = []
+    for key in sorted(grouped, key=lambda k: (k[0], k[1], not k[2])):
+        recs = sorted(grouped[key], key=record_sort_key, reverse=True)
+        machines[key] = recs[0]["machine"]
+        section = Section(key[0], machines[key], key[2], recs)
+        seen: set[str] = set()
+        for record in recs:  # newest first: the first record holding a configuration wins
+            for config_id, config in record["configurations"].items():
+                if config_id in seen or not config["metrics"]:
+                    continue
+                seen.add(config_id)
+                section.entries.append(Entry(
+                    config_id, config["engine"], config["mode"], record["run_id"],
+                    bool(record.get("extra", {}).get("partial")), config["metrics"],
+                    _speedup(config_id, config, record), _exact(config["metrics"])))
+        section.entries.sort(key=_rank_key)
+        out.append(section)
+    return out, left_out
 
 
-def build_leaderboard(records: list[dict]) -> list[dict]:
-    """Display rows (header -> text) of the leaderboard, in a deterministic order."""
+def leaderboard_entries(records: Iterable[Mapping[str, Any]]) -> list[Entry]:
+    """Every row of every section, in board order."""
+    return [e for s in sections(records)[0] for e in s.entries]
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point dominates (>= on both axes, > on one), both
+    axes higher-is-better; ties are all kept."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i):
+            front.append(i)
+    return front
+
+
+def _plotted(section: Section) -> list[tuple[float, float, Entry]]:
+    return [(e.speedup[0], e.value("top1_agreement"), e) for e in section.entries
+            if e.speedup is not None and e.speedup[0] > 0 and e.value("top1_agreement") is not None]
+
+
+def _cell(m: Mapping[str, Any] | None, fmt: Callable[[float], str], with_ci: bool) -> str:
+    if m is None:
+        return MISSING
+    text = fmt(m["value"])
+    if with_ci and m.get("ci"):
+        text += f" [{fmt(m['ci'][0])}, {fmt(m['ci'][1])}]"
+    return text
+
+
+def _speed_cell(sp: tuple[float, tuple[float, float] | None, str] | None) -> str:
+    if sp is None:
+        return MISSING
+    value, ci, how = sp
+    text = f"{value:.2f}×"
+    if ci:
+        text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return text + {"measured": "", "anchor": " (anchor)", "derived": " (derived)"}[how]
+
+
+def _record_cell(e: Entry, quick: bool) -> str:
+    return e.run_id + (" (partial)" if e.partial else "")
+
+
+def build_leaderboard(records: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Display rows (header -> text) of every section's main table, in board order, each with
+    a ``section`` key naming its section."""
     rows = []
-    for entry in leaderboard_entries(records):
-        row = {"model": entry["model"], "engine": entry["engine"], "config": entry["config"]}
-        for header, metric, fmt in COLUMNS:
-            found = entry["metrics"].get(metric)
-            row[header] = fmt(found["value"]) if found is not None else MISSING
-        # A quick run's quality figures come from a small fixed subset: say so beside them.
-        row[RECORD_HEADER] = entry["run_id"] + (" (quick)" if entry["quick"] else "")
+    for section in sections(records)[0]:
+        rows.extend(_main_rows(section))
+    return rows
+
+
+def _main_rows(section: Section) -> list[dict[str, str]]:
+    plotted = _plotted(section)
+    front = {id(plotted[i][2]) for i in pareto_front([(x, y) for x, y, _ in plotted])}
+    rows, rank = [], 0
+    for e in section.entries:
+        row = {"section": section.title}
+        if e.speedup is not None:
+            rank += 1
+        row["rank"] = str(rank) if e.speedup is not None else MISSING
+        row["engine"], row["configuration"] = e.engine, e.config
+        row["exact"] = {True: "yes", False: "no", None: MISSING}[e.exact]
+        for header, metric, fmt, with_ci in COLUMNS:
+            row[header] = _cell(e.metrics.get(metric), fmt, with_ci)
+        row[SPEEDUP_HEADER] = _speed_cell(e.speedup)
+        row[TOKS_HEADER] = _cell(e.metrics.get("decode_tokens_per_s"), _fixed(1), False)
+        row["Pareto"] = "★" if id(e) in front else ""
+        row["record"] = _record_cell(e, section.quick)
         rows.append(row)
     return rows
 
 
-def _headers() -> list[str]:
-    return [*KEY_HEADERS, *(c[0] for c in COLUMNS), RECORD_HEADER]
+def _side_rows(section: Section, columns) -> list[list[str]]:
+    rows = []
+    for e in sorted(section.entries, key=lambda e: e.config):
+        if not any(metric in e.metrics for _, metric, _, _ in columns):
+            continue
+        rows.append([e.config, *(_cell(e.metrics.get(m), fmt, ci) for _, m, fmt, ci in columns), e.run_id])
+    return rows
 
 
-def _table(rows: Sequence[Mapping[str, str]], tablefmt: str) -> str:
-    headers = _headers()
-    body = [[row[h] for h in headers] for row in rows]
-    # disable_numparse keeps our formatting ("0.910", "+0.000") instead of tabulate's.
-    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+# --------------------------------------------------------------------------- what changed
 
 
-def _sources_line(records: Sequence[Mapping[str, Any]]) -> str:
-    ids = sorted({r["run_id"] for r in records})
-    return f"Built from {len(ids)} run record(s): {', '.join(ids) if ids else 'none'}."
+_CHANGE_METRICS = (*((h, m, f) for h, m, f, _ in COLUMNS), ("speed-up", "speedup_vs_off", lambda v: f"{v:.2f}×"),
+                   ("decode tok/s", "decode_tokens_per_s", _fixed(1)))
+
+
+def what_changed(section: Section) -> list[str]:
+    """Differences between the newest record of ``section`` and the one before it, as short
+    lines (figures compared as the board prints them); empty when there is no previous record."""
+    if len(section.records) < 2:
+        return []
+    new, old = section.records[0], section.records[1]
+    lines = [f"{new['run_id']} against {old['run_id']}:"]
+    changes: list[str] = []
+    new_c, old_c = new["configurations"], old["configurations"]
+    added = sorted(set(new_c) - set(old_c))
+    missing = sorted(set(old_c) - set(new_c))
+    if added:
+        changes.append(f"new configurations: {', '.join(added)}")
+    if missing:
+        changes.append(f"not in the newest run (older figures kept): {', '.join(missing)}")
+    for config_id in sorted(set(new_c) & set(old_c)):
+        a, b = old_c[config_id]["metrics"], new_c[config_id]["metrics"]
+        for label, metric, fmt in _CHANGE_METRICS:
+            if metric in a and metric in b and fmt(a[metric]["value"]) != fmt(b[metric]["value"]):
+                changes.append(f"{config_id}: {label} {fmt(a[metric]['value'])} → {fmt(b[metric]['value'])}")
+    if not changes:
+        return lines + ["no figure the board shows changed"]
+    extra = len(changes) - MAX_CHANGES
+    shown = changes[:MAX_CHANGES] + ([f"… and {extra} more (the records hold them all)"] if extra > 0 else [])
+    return lines + shown
+
+
+# --------------------------------------------------------------------------- text
 
 
 _NOTE = (
-    "Measured figures come from the run named in the record column, on that run's machine "
-    "(speed-up: pruned vs pruning off, interleaved in one process). Columns marked projected are "
-    "modelled from datasheet GPU profiles (rsp_bench.profiles), not measured. "
-    f"{MISSING} means the record has no such figure. (quick) marks a run on the small CI subset."
+    f"Each section is one model on one machine on one prompt set; ratios are never taken across "
+    f"sections. Every row is compared with {ANCHOR} of the run named in its record column: quality "
+    f"figures against its greedy outputs and teacher-forced distributions, the speed-up as the "
+    f"ratio of decode speed measured interleaved with it in one process (A B A B, batch 1, CPU), "
+    f"95% CI in brackets. (derived): hf-generate's speed-up is 1 / {ANCHOR}'s measured speed-up over "
+    f"it. exact: greedy output identical to {ANCHOR} on every prompt (exact match 1.000, F1 deltas "
+    f"0). Pareto ★: no other row has both a higher speed-up and a higher top-1 agreement. Rows are "
+    f"ranked by measured speed-up; read the quality columns beside it. {MISSING}: the record has no "
+    f"such figure. Projected GPU columns are modelled from datasheet profiles (rsp_bench.profiles), "
+    f"not measured."
 )
 
 
-def render_markdown(rows: Sequence[Mapping[str, str]], records: Sequence[Mapping[str, Any]], plot_name: str) -> str:
+def _sources_line(records: Sequence[Mapping[str, Any]], left_out: int) -> str:
+    ids = sorted({r["run_id"] for r in records if _subset_seed(r) == 0})
+    text = f"Built from {len(ids)} run record(s): {', '.join(ids) if ids else 'none'}."
+    if left_out:
+        text += (f" Left out: {left_out} record(s) drawn on other prompt subsets (--rsp-subset-seed), "
+                 "which are never mixed with these.")
+    return text
+
+
+def _table(headers: Sequence[str], body: Sequence[Sequence[str]], tablefmt: str) -> str:
+    # disable_numparse keeps our formatting ("0.910", "+0.000") instead of tabulate's.
+    return tabulate(body, headers=list(headers), tablefmt=tablefmt, disable_numparse=True)
+
+
+def _main_table(section: Section, tablefmt: str) -> str:
+    return _table(MAIN_HEADERS, [[r[h] for h in MAIN_HEADERS] for r in _main_rows(section)], tablefmt)
+
+
+def _side_tables(section: Section):
+    for title, columns in (("Projected on datasheet GPU profiles (projected, not measured; batch 1, fp16)",
+                            PROJECTED_COLUMNS),
+                           ("Protective degradation (adversarial suite)", DEGRADATION_COLUMNS)):
+        rows = _side_rows(section, columns)
+        if rows:
+            yield title, ["configuration", *(c[0] for c in columns), "record"], rows
+
+
+def render_markdown(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME) -> str:
     """The ``leaderboard.md`` text."""
-    return (
-        "# rsp-bench leaderboard\n\n"
-        f"{_NOTE}\n\n{_sources_line(records)}\n\n"
-        f"{_table(rows, 'github')}\n\n"
-        f"![top-1 agreement vs measured speed-up]({plot_name})\n"
-    )
+    secs, left_out = sections(records)
+    parts = ["# rsp-bench leaderboard\n", _NOTE + "\n", _sources_line(records, left_out) + "\n"]
+    for section in secs:
+        parts.append(f"## {section.title}\n")
+        parts.append(_main_table(section, "github") + "\n")
+        changed = what_changed(section)
+        if changed:
+            parts.append("What changed, " + changed[0] + "\n\n" + "\n".join(f"- {c}" for c in changed[1:]) + "\n")
+        for title, headers, rows in _side_tables(section):
+            parts.append(f"### {title}\n\n" + _table(headers, rows, "github") + "\n")
+    parts.append(f"![top-1 agreement vs measured speed-up, Pareto front]({plot_name})\n")
+    return "\n".join(parts)
 
 
-def render_html(rows: Sequence[Mapping[str, str]], records: Sequence[Mapping[str, Any]], plot_name: str) -> str:
-    """The ``leaderboard.html`` text: tabulate's (escaped) HTML table in a minimal page."""
+def render_html(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME) -> str:
+    """The ``leaderboard.html`` text: tabulate's (escaped) HTML tables in a minimal page."""
+    secs, left_out = sections(records)
+    body = [f"<p>{html.escape(_NOTE)}</p>", f"<p>{html.escape(_sources_line(records, left_out))}</p>"]
+    for section in secs:
+        body.append(f"<h2>{html.escape(section.title)}</h2>")
+        body.append(_main_table(section, "html"))
+        changed = what_changed(section)
+        if changed:
+            items = "".join(f"<li>{html.escape(c)}</li>" for c in changed[1:])
+            body.append(f"<p>What changed, {html.escape(changed[0])}</p><ul>{items}</ul>")
+        for title, headers, rows in _side_tables(section):
+            body.append(f"<h3>{html.escape(title)}</h3>")
+            body.append(_table(headers, rows, "html"))
+    body.append(f"<p><img src=\"{html.escape(plot_name)}\" alt=\"top-1 agreement vs measured speed-up\"></p>")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         "<title>rsp-bench leaderboard</title>\n"
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:90%}"
         "th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}"
         "th{background:#f3f3f3}td:nth-child(-n+3){text-align:left}</style>\n"
-        "</head>\n<body>\n<h1>rsp-bench leaderboard</h1>\n"
-        f"<p>{html.escape(_NOTE)}</p>\n<p>{html.escape(_sources_line(records))}</p>\n"
-        f"{_table(rows, 'html')}\n"
-        f"<p><img src=\"{html.escape(plot_name)}\" alt=\"top-1 agreement vs measured speed-up\"></p>\n"
-        "</body>\n</html>\n"
+        "</head>\n<body>\n<h1>rsp-bench leaderboard</h1>\n" + "\n".join(body) + "\n</body>\n</html>\n"
     )
 
 
-def render_plot_png(entries: Sequence[Mapping[str, Any]]) -> bytes:
-    """Quality (top-1 agreement) against measured speed-up, one labelled point per configuration.
+# --------------------------------------------------------------------------- plot
 
-    Deterministic bytes: matplotlib's default style (not the user's matplotlibrc), fixed
-    size and dpi, and no "Software" text chunk in the PNG.
+# Fixed ticks (a locator's choice could change with the matplotlib version): the dense set
+# when the speed-ups span less than 3x, else the sparse one.
+_TICKS = (0.125, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0)
+_DENSE_TICKS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
+
+
+def render_plot_png(records: Sequence[Mapping[str, Any]]) -> bytes:
+    """Top-1 agreement against measured speed-up (log x), one panel per section: one labelled
+    point per configuration, exact configurations as green stars, the Pareto front as a step line.
+
+    Deterministic bytes: matplotlib's default style (not the user's matplotlibrc), fixed size and
+    dpi, fixed ticks, and no "Software" text chunk in the PNG.
     """
     import matplotlib
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullLocator
 
-    points = [
-        (e["metrics"]["speedup_vs_off"]["value"], e["metrics"]["top1_agreement"]["value"], e)
-        for e in entries
-        if "speedup_vs_off" in e["metrics"] and "top1_agreement" in e["metrics"]
-    ]
-    several_models = len({e["model"] for e in entries}) > 1
+    secs = [s for s in sections(records)[0] if _plotted(s)] or [None]
     with matplotlib.style.context("default"):
-        fig = Figure(figsize=(8, 5.5), dpi=100)
+        fig = Figure(figsize=(9, 5.5 * len(secs)), dpi=100)
         FigureCanvasAgg(fig)
-        ax = fig.add_subplot(1, 1, 1)
-        if points:
-            xs = [p[0] for p in points]
-            ys = [p[1] for p in points]
-            ax.scatter(xs, ys, s=28, color="tab:blue", zorder=3)
+        for i, section in enumerate(secs):
+            ax = fig.add_subplot(len(secs), 1, i + 1)
+            ax.set_xlabel(f"measured speed-up vs {ANCHOR} (×, log scale, CPU, interleaved)")
+            ax.set_ylabel("teacher-forced top-1 agreement")
+            ax.grid(True, linewidth=0.4, alpha=0.5)
+            if section is None:
+                ax.text(0.5, 0.5, "no configuration has both figures", ha="center", va="center",
+                        transform=ax.transAxes)
+                ax.set_title("rsp-bench: quality vs speed")
+                continue
+            points = _plotted(section)
+            ax.set_title(section.title.replace("$", r"\$"), fontsize=9)
+            ax.set_xscale("log")
+            for exact, style in ((False, dict(marker="o", s=30, color="tab:blue", label="lossy / other")),
+                                 (True, dict(marker="*", s=110, color="tab:green", label="exact (output = reference/off)"))):
+                chosen = [(x, y) for x, y, e in points if bool(e.exact) == exact]
+                if chosen:
+                    ax.scatter([p[0] for p in chosen], [p[1] for p in chosen], zorder=3, **style)
+            front = sorted((points[j][0], points[j][1]) for j in pareto_front([(x, y) for x, y, _ in points]))
+            if len(front) > 1:
+                ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="tab:orange",
+                        linewidth=1.0, zorder=2, label="Pareto front")
             for x, y, e in points:
-                label = f"{e['model']}: {e['config']}" if several_models else e["config"]
-                # "$" would switch matplotlib to mathtext and fail on an odd model name.
-                label = label.replace("$", r"\$")
-                ax.annotate(label, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7)
+                # "$" would switch matplotlib to mathtext and fail on an odd configuration name.
+                ax.annotate(e.config.replace("$", r"\$"), (x, y), xytext=(4, 4), textcoords="offset points",
+                            fontsize=7)
             ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.8, zorder=1)
-            # Labels hang to the upper right of their point; leave room so none is cut off.
-            ax.margins(x=0.25, y=0.1)
-        else:
-            ax.text(0.5, 0.5, "no configuration has both figures", ha="center", va="center",
-                    transform=ax.transAxes)
-        ax.set_xlabel("measured speed-up vs pruning off (×, CPU, interleaved)")
-        ax.set_ylabel("teacher-forced top-1 agreement")
-        ax.set_title("rsp-bench: quality vs speed")
-        ax.grid(True, linewidth=0.4, alpha=0.5)
+            xs = [p[0] for p in points]
+            lo, hi = min(xs + [1.0]) / 1.3, max(xs + [1.0]) * 1.6  # room for the labels
+            ax.set_xlim(lo, hi)
+            ticks = [t for t in (_DENSE_TICKS if hi / lo < 3 else _TICKS) if lo <= t <= hi]
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels([f"{t:g}×" for t in ticks])
+            ax.margins(y=0.1)
+            ax.legend(loc="lower left", fontsize=7)
         fig.tight_layout()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
@@ -235,17 +487,15 @@ def write_leaderboard(
 ) -> dict[str, Path]:
     """Write ``leaderboard.md``, ``leaderboard.html`` and ``quality_vs_speed.png`` into ``out_dir``.
 
-    ``records_dir_or_records`` is a results folder (its ``runs/`` are read) or the
-    records themselves. Returns ``{"md": ..., "html": ..., "png": ...}``.
+    ``records_dir_or_records`` is a results folder (its ``runs/`` are read) or the records
+    themselves. Returns ``{"md": ..., "html": ..., "png": ...}``.
     """
     records = _as_records(records_dir_or_records)
-    rows = build_leaderboard(records)
     out = Path(out_dir)
-    plot_name = "quality_vs_speed.png"
     # The plot first: if drawing fails, no table points at a missing or stale picture.
-    png = atomic_write_bytes(out / plot_name, render_plot_png(leaderboard_entries(records)))
-    md = atomic_write_text(out / "leaderboard.md", render_markdown(rows, records, plot_name))
-    page = atomic_write_text(out / "leaderboard.html", render_html(rows, records, plot_name))
+    png = atomic_write_bytes(out / PLOT_NAME, render_plot_png(records))
+    md = atomic_write_text(out / "leaderboard.md", render_markdown(records, PLOT_NAME))
+    page = atomic_write_text(out / "leaderboard.html", render_html(records, PLOT_NAME))
     return {"md": md, "html": page, "png": png}
 
 
@@ -260,14 +510,14 @@ def configure_leaderboard_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run_leaderboard(args: argparse.Namespace) -> int:
-    """Rebuild the leaderboard from the records and print the markdown table."""
+    """Rebuild the leaderboard from the records and print the markdown."""
     records = latest_records(args.results)
     if not records:
         raise HarnessInputError(
             f"{Path(args.results) / 'runs'}: no run records to build a leaderboard from (run `rsp-bench run` first)"
         )
     paths = write_leaderboard(records, args.out or args.results)
-    print(_table(build_leaderboard(records), "github"))
+    print(render_markdown(records, PLOT_NAME), end="")
     for path in paths.values():
         print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -7,19 +7,26 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
 from rsp_bench.errors import HarnessInputError
 from rsp_bench.leaderboard import (
-    COLUMNS,
+    MAIN_HEADERS,
     MISSING,
+    PROJECTED_COLUMNS,
+    SPEEDUP_HEADER,
     build_leaderboard,
     configure_baseline_parser,
     configure_leaderboard_parser,
     run_baseline,
+    pareto_front,
+    render_markdown,
     run_leaderboard,
+    sections,
+    what_changed,
     write_leaderboard,
 )
 from rsp_bench.records import RunRecordBuilder, load_record, write_record
@@ -41,7 +48,7 @@ def _record(run_id: str, created: str, figures: dict[str, dict[str, float]], mod
 
 def _records() -> list[dict]:
     old = _record("20250101T000000Z-000001", "2025-01-01T00:00:00+00:00", {
-        "reference/off": {"top1_agreement": 1.0, "speedup_vs_off": 1.0, "exact_match_rate": 1.0},
+        "reference/off": {"top1_agreement": 1.0, "exact_match_rate": 1.0, "decode_tokens_per_s": 12.0},
         "reference/lossy/s=0.50": {"top1_agreement": 0.80, "speedup_vs_off": 1.10},
         "static-shortgpt/k=3": {"top1_agreement": 0.66, "speedup_vs_off": 1.12,
                                 "projected_tokens_per_s_H100": 4321.4, "projected_idle_fraction_H100": 0.4321},
@@ -57,36 +64,127 @@ def _records() -> list[dict]:
     return [new, old, other_model]
 
 
-def test_one_row_per_model_engine_config_newest_record_wins() -> None:
-    rows = build_leaderboard(_records())
-    keys = [(r["model"], r["engine"], r["config"]) for r in rows]
-    assert keys == [
-        ("other<model>", "reference", "reference/lossy/s=0.50"),
-        ("tiny", "hf-generate", "hf-generate/off"),
-        ("tiny", "reference", "reference/lossy/s=0.50"),
-        ("tiny", "reference", "reference/off"),
-        ("tiny", "static-shortgpt", "static-shortgpt/k=3"),
-    ]
-    lossy = rows[2]
-    assert lossy["top-1 agreement"] == "0.910" and lossy["measured CPU speed-up"] == "1.25×"
-    assert lossy["KL mean (nats)"] == "0.0500" and lossy["SQuAD F1 Δ"] == "-0.012"
-    assert lossy["record"] == "20250201T000000Z-000002 (quick)"
-    # A configuration only the older run had keeps that run's figures and says so.
-    static = rows[4]
-    assert static["record"] == "20250101T000000Z-000001"
-    assert static["projected tok/s H100"] == "4,321" and static["projected idle H100"] == "0.432"
-    assert static["exact match"] == MISSING and static["projected tok/s V100"] == MISSING
-    assert list(rows[0]) == ["model", "engine", "config", *(c[0] for c in COLUMNS), "record"]
+def _engines_run(run_id: str = "20250301T000000Z-000004", created: str = "2025-03-01T00:00:00+00:00",
+                 machine: dict | None = None, seed: int = 0) -> dict:
+    """One run holding every kind of row the board ranks, each against this run's reference/off."""
+    b = RunRecordBuilder(model_name="tiny", machine=machine or MACHINE, commit=None, versions_info=VERSIONS,
+                         run_id=run_id, created_utc=created, quick=True)
+    b.set_extra("subset_seed", seed)
+    rows = {
+        "reference/off": ("reference", "off", {"exact_match_rate": 1.0, "top1_agreement": 1.0, "kl_mean": 0.0,
+                                               "decode_tokens_per_s": 17.0, "speedup_vs_hf_generate": 1.25}),
+        "reference/lossless/s=0.50": ("reference", "lossless", {"exact_match_rate": 1.0, "top1_agreement": 1.0,
+                                                                "squad_f1_delta": 0.0, "speedup_vs_off": 1.5}),
+        "reference/lossy/s=0.50": ("reference", "lossy", {"exact_match_rate": 0.5, "top1_agreement": 0.94,
+                                                          "speedup_vs_off": 0.98}),
+        "hf-generate/off": ("hf-generate", "off", {"exact_match_rate": 1.0, "top1_agreement": 1.0}),
+        "static-shortgpt/k=1": ("static-shortgpt", "static", {"exact_match_rate": 0.25, "top1_agreement": 0.89}),
+        "llama-cpp/f32": ("llama-cpp", "off", {"exact_match_rate": 0.875, "top1_agreement": 0.995,
+                                               "speedup_vs_off": 2.6}),
+        "llama-cpp/q4_1": ("llama-cpp", "off", {"exact_match_rate": 0.0, "top1_agreement": 0.80,
+                                                "squad_f1_delta": -0.07, "speedup_vs_off": 7.0}),
+    }
+    for config, (engine, mode, metrics) in rows.items():
+        for name, value in metrics.items():
+            ci = (value - 0.1, value + 0.1) if name == "speedup_vs_off" else None
+            b.add_metric(config, name, value, n=10, ci=ci, engine=engine, mode=mode)
+    return b.build(wall_time_s=1.0)
 
 
-def test_headers_label_projections_and_cover_the_issue_columns() -> None:
-    headers = [c[0] for c in COLUMNS]
-    assert all("projected" in h for h, m, _ in COLUMNS if m.startswith("projected_"))
-    for profile in ("V100", "A100", "H100"):
-        assert f"projected tok/s {profile}" in headers and f"projected idle {profile}" in headers
-    for needed in ("exact match", "top-1 agreement", "KL mean (nats)", "SQuAD F1 Δ", "JSON-field F1 Δ",
-                   "bypass ratio", "measured CPU speed-up", "degradation FP rate", "degradation detection"):
-        assert needed in headers
+def _section_rows(rows: list[dict], config_prefix: str = "") -> dict[str, dict]:
+    return {r["configuration"]: r for r in rows if r["configuration"].startswith(config_prefix)}
+
+
+def test_sections_split_models_machines_and_prompt_sets_newest_record_wins() -> None:
+    secs, left_out = sections(_records())
+    assert left_out == 0
+    assert [(s.model, s.quick) for s in secs] == [("other<model>", False), ("tiny", True), ("tiny", False)]
+    full = secs[2]
+    assert [e.config for e in full.entries] == ["static-shortgpt/k=3", "reference/lossy/s=0.50", "reference/off"]
+    # The quick run's figures are in their own section: never ranked against the full run's.
+    quick = {e.config: e for e in secs[1].entries}
+    assert set(quick) == {"reference/lossy/s=0.50", "hf-generate/off"}
+    assert quick["reference/lossy/s=0.50"].value("top1_agreement") == 0.91
+    newer = _record("20250102T000000Z-000009", "2025-01-02T00:00:00+00:00",
+                    {"reference/lossy/s=0.50": {"top1_agreement": 0.5, "speedup_vs_off": 1.0}})
+    rows = _section_rows([r for r in build_leaderboard([*_records(), newer]) if "full" in r["section"]
+                          and r["section"].startswith("tiny")])
+    assert rows["reference/lossy/s=0.50"]["top-1 agreement"] == "0.500"
+    assert rows["reference/lossy/s=0.50"]["record"] == "20250102T000000Z-000009"
+    assert rows["static-shortgpt/k=3"]["record"] == "20250101T000000Z-000001"  # only the older run had it
+
+
+def test_every_engine_row_is_ranked_against_reference_off_of_its_own_run() -> None:
+    rows = build_leaderboard([_engines_run()])
+    order = [r["configuration"] for r in rows]
+    assert order[:6] == ["llama-cpp/q4_1", "llama-cpp/f32", "reference/lossless/s=0.50", "reference/off",
+                         "reference/lossy/s=0.50", "hf-generate/off"]
+    by = _section_rows(rows)
+    assert [by[c]["rank"] for c in order[:6]] == ["1", "2", "3", "4", "5", "6"]
+    assert by["static-shortgpt/k=1"]["rank"] == MISSING  # no speed figure: listed, not ranked
+    assert by["llama-cpp/q4_1"][SPEEDUP_HEADER] == "7.00× [6.90, 7.10]"
+    assert by["reference/off"][SPEEDUP_HEADER] == "1.00× (anchor)"
+    # hf-generate: 1 / reference/off's measured speed-up over it, labelled as derived
+    assert by["hf-generate/off"][SPEEDUP_HEADER] == "0.80× (derived)"
+    assert by["llama-cpp/q4_1"]["SQuAD F1 Δ"] == "-0.070"
+    # exact: identical greedy output and no F1 change; lossless is, F32 llama.cpp (7/8 prompts) is not
+    assert by["reference/lossless/s=0.50"]["exact"] == "yes" and by["reference/off"]["exact"] == "yes"
+    assert by["llama-cpp/f32"]["exact"] == "no" and by["static-shortgpt/k=1"]["exact"] == "no"
+    # Pareto: nothing is both faster and more faithful than these three
+    assert {c for c, r in by.items() if r["Pareto"] == "★"} == {"llama-cpp/q4_1", "llama-cpp/f32",
+                                                                  "reference/lossless/s=0.50"}
+
+
+def test_pareto_front() -> None:
+    pts = [(1.0, 1.0), (1.5, 1.0), (2.0, 0.9), (1.8, 0.85), (0.9, 1.0), (2.0, 0.9)]
+    assert pareto_front(pts) == [1, 2, 5]
+    assert pareto_front([]) == [] and pareto_front([(1.0, 0.5)]) == [0]
+
+
+def test_machines_never_share_a_ratio_column_and_other_subsets_are_left_out() -> None:
+    other_machine = dict(MACHINE, fingerprint="0123456789ab", cpu="other cpu")
+    records = [_engines_run(), _engines_run("20250302T000000Z-000005", "2025-03-02T00:00:00+00:00", other_machine),
+               _engines_run("20250303T000000Z-000006", "2025-03-03T00:00:00+00:00", seed=1)]
+    secs, left_out = sections(records)
+    assert left_out == 1
+    assert [s.machine["fingerprint"] for s in secs] == ["0123456789ab", "f00dfeed0001"]
+    for s in secs:
+        assert {e.run_id for e in s.entries} == {s.records[0]["run_id"]}
+    md = render_markdown(records)
+    assert md.count("## tiny on machine") == 2 and "Left out: 1 record(s) drawn on other prompt subsets" in md
+    assert "20250303T000000Z-000006" not in md
+
+
+def test_projected_columns_are_in_their_own_labelled_table() -> None:
+    assert not any("projected" in h for h in MAIN_HEADERS)
+    assert all("projected" in h for h, *_ in PROJECTED_COLUMNS)
+    for profile in ("V100", "A100", "H100", "H200"):
+        assert f"projected tok/s {profile}" in [c[0] for c in PROJECTED_COLUMNS]
+    md = render_markdown(_records())
+    section = md[md.index("## tiny on machine f00dfeed0001 (c, 2 cores), full"):]
+    projected = section[section.index("### Projected"):]
+    assert "| static-shortgpt/k=3" in projected and "4,321" in projected and "0.432" in projected
+    assert "reference/off" not in projected.split("\n\n")[1]  # rows without projections stay out
+
+
+def test_what_changed_lists_figures_that_moved_and_new_configurations() -> None:
+    first = _engines_run()
+    second = _engines_run("20250305T000000Z-000007", "2025-03-05T00:00:00+00:00")
+    second["configurations"]["llama-cpp/q4_1"]["metrics"]["top1_agreement"]["value"] = 0.70
+    del second["configurations"]["static-shortgpt/k=1"]
+    second["configurations"]["llama-cpp/q8_0"] = json.loads(json.dumps(second["configurations"]["llama-cpp/f32"]))
+    section = sections([first, second])[0][0]
+    changed = what_changed(section)
+    assert changed[0] == "20250305T000000Z-000007 against 20250301T000000Z-000004:"
+    assert "new configurations: llama-cpp/q8_0" in changed
+    assert "not in the newest run (older figures kept): static-shortgpt/k=1" in changed
+    assert "llama-cpp/q4_1: top-1 agreement 0.800 → 0.700" in changed
+    assert len(changed) == 4
+    assert what_changed(sections([first])[0][0]) == []
+    same = sections([first, _engines_run("20250306T000000Z-000008", "2025-03-06T00:00:00+00:00")])[0][0]
+    assert what_changed(same)[1:] == ["no figure the board shows changed"]
+    md = render_markdown([first, second])
+    assert "- llama-cpp/q4_1: top-1 agreement 0.800 → 0.700" in md
 
 
 def _digests(paths: dict[str, Path]) -> dict[str, str]:
@@ -95,33 +193,44 @@ def _digests(paths: dict[str, Path]) -> dict[str, str]:
 
 def test_rebuilding_from_the_same_records_gives_the_same_bytes(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    for record in _records():
+    for record in [*_records(), _engines_run()]:
         write_record(record, results)
     first = write_leaderboard(results, tmp_path / "one")
     assert sorted(first) == ["html", "md", "png"]
     digests = _digests(first)
     # Same records, given as objects in another order, into another folder: same bytes.
-    second = write_leaderboard(list(reversed(_records())), tmp_path / "two")
+    second = write_leaderboard(list(reversed([*_records(), _engines_run()])), tmp_path / "two")
     assert _digests(second) == digests
     png = first["png"].read_bytes()
     assert png.startswith(b"\x89PNG") and b"Matplotlib" not in png and b"Software" not in png
     # A changed figure changes the outputs (the test can fail).
-    changed = _records()
-    changed[0]["configurations"]["reference/lossy/s=0.50"]["metrics"]["speedup_vs_off"]["value"] = 1.5
+    changed = [*_records(), _engines_run()]
+    changed[-1]["configurations"]["reference/lossy/s=0.50"]["metrics"]["speedup_vs_off"]["value"] = 1.3
     fourth = _digests(write_leaderboard(changed, tmp_path / "four"))
     assert fourth["md"] != digests["md"] and fourth["png"] != digests["png"]
+    # Marking a configuration exact changes the plot (its marker), not only the table.
+    exact = [*_records(), _engines_run()]
+    exact[-1]["configurations"]["llama-cpp/f32"]["metrics"]["exact_match_rate"]["value"] = 1.0
+    assert _digests(write_leaderboard(exact, tmp_path / "five"))["png"] != digests["png"]
 
 
 def test_markdown_and_html_content(tmp_path: Path) -> None:
     paths = write_leaderboard(_records(), tmp_path)
     md = paths["md"].read_text(encoding="utf-8")
-    assert "| model" in md and "20250201T000000Z-000002 (quick)" in md and "(quality_vs_speed.png)" in md
+    assert "| rank" in md and "quick prompt set" in md and "(quality_vs_speed.png)" in md
     assert "projected" in md and "not measured" in md
     page = paths["html"].read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and page.endswith("</html>\n")
     assert "other&lt;model&gt;" in page and "other<model>" not in page
     assert '<img src="quality_vs_speed.png"' in page
     assert sorted(p.name for p in tmp_path.iterdir()) == ["leaderboard.html", "leaderboard.md", "quality_vs_speed.png"]
+
+
+def test_partial_records_are_marked() -> None:
+    record = _engines_run()
+    record["extra"]["partial"] = "session ended with INTERRUPTED"
+    rows = _section_rows(build_leaderboard([record]))
+    assert rows["reference/off"]["record"] == "20250301T000000Z-000004 (partial)"
 
 
 def test_empty_input_still_writes_valid_files(tmp_path: Path) -> None:
@@ -145,7 +254,7 @@ def test_leaderboard_cli_prints_the_table_and_writes_files(tmp_path: Path, capsy
         write_record(record, results)
     assert run_leaderboard(_parse(configure_leaderboard_parser, ["--results", str(results)])) == 0
     out = capsys.readouterr().out
-    assert out.startswith("| model") and "static-shortgpt/k=3" in out
+    assert out.startswith("# rsp-bench leaderboard") and "| static-shortgpt/k=3" in out
     assert (results / "leaderboard.md").exists() and (results / "quality_vs_speed.png").exists()
     with pytest.raises(HarnessInputError, match="no run records"):
         run_leaderboard(_parse(configure_leaderboard_parser, ["--results", str(tmp_path / "none")]))
@@ -157,12 +266,13 @@ def test_baseline_cli_update_and_show(tmp_path: Path, capsys: pytest.CaptureFixt
     assert run_baseline(_parse(configure_baseline_parser, ["show", "--results", str(results)])) == 0
     assert "no baselines" in capsys.readouterr().out
     assert run_baseline(_parse(configure_baseline_parser, ["update", str(record_path), "--results", str(results)])) == 0
-    written = results / "baselines" / "tiny__f00dfeed0001.json"
-    assert str(written) in capsys.readouterr().out
-    assert load_record(written)["extra"]["baseline_source_run_id"] == "20250201T000000Z-000002"
+    out = capsys.readouterr().out
+    written = sorted((results / "baselines").glob("tiny__*.json"))
+    assert written and all(str(p) in out for p in written)
+    assert all(load_record(p)["extra"]["baseline_source_run_id"] == "20250201T000000Z-000002" for p in written)
     assert run_baseline(_parse(configure_baseline_parser, ["show", "--results", str(results)])) == 0
     shown = capsys.readouterr().out
-    assert "tiny__f00dfeed0001.json" in shown and "20250201T000000Z-000002 (quick)" in shown
+    assert all(p.name in shown for p in written) and "20250201T000000Z-000002 (quick)" in shown
 
 
 def test_rsp_bench_run_rebuilds_the_leaderboard_from_its_results_folder(tmp_path: Path, monkeypatch) -> None:

@@ -15,6 +15,8 @@ from rsp_bench.engines.configs import SUITE_WATERMARK, format_config_id, plan_co
 from rsp_bench.engines.reference import (ReferenceAdapter, StaticAdapter, matched_k, random_blocks,
                                          shortgpt_blocks)
 from rsp_bench.engines.hf_generate import HFGenerateAdapter
+from rsp_bench.engines import llama_cpp as _llama_cpp  # noqa: F401  registers "llama-cpp" (llama_cpp imported lazily)
+from rsp_bench.engines import openai_engine as _openai_engine  # noqa: F401  registers "openai" (openai imported lazily)
 
 __all__ = [
     "ENTRY_POINT_GROUP", "SUITE_WATERMARK", "ConfigSpec", "Output", "EngineAdapter",
