@@ -261,6 +261,7 @@ class GateReport:
     policy_source: str = ""
 
     speed_gated: bool = True
+    speed_reason: str = "no speed baseline for this machine"
 
     @property
     def passed(self) -> bool:
@@ -295,7 +296,7 @@ class GateReport:
         order = ("regressed", "improved", "ok", "new", "missing", "info")
         counts = ", ".join(f"{tally[v]} {v}" for v in order if tally[v])
         state = "PASSED" if self.passed else "FAILED"
-        speed = "" if self.speed_gated else "; speed reported, not gated (no speed baseline for this machine)"
+        speed = "" if self.speed_gated else f"; speed reported, not gated ({self.speed_reason})"
         return (f"rsp-bench gate {state}: {counts or 'nothing to compare'} (baseline {self.baseline_id}, "
                 f"run {self.run_id}; {self.policy_source}{speed})")
 
@@ -390,11 +391,11 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
 
 
 def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy | None = None, *,
-            speed_gated: bool = True) -> GateReport:
+            speed_gated: bool = True, speed_reason: str = "no speed baseline for this machine") -> GateReport:
     """Compare ``run`` against ``baseline`` (both run records) metric by metric.
 
-    ``speed_gated=False`` (no speed baseline for this machine) turns every machine-scope
-    metric into "info". Rows come in a deterministic order: configurations sorted by id,
+    ``speed_gated=False`` (no speed baseline for this machine, or timings taken under
+    contention: ``speed_reason`` says which) turns every machine-scope metric into "info". Rows come in a deterministic order: configurations sorted by id,
     metrics by name. Records are validated first so a malformed one raises RecordError.
     """
     policy = policy or load_policy()
@@ -425,7 +426,7 @@ def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy 
             if not speed_gated and metric_scope(metric) == "machine":
                 value = run_metrics.get(metric, base_metrics.get(metric))
                 rows.append(_row(config, metric, "info", now=float(value["value"]) if metric in run_metrics else None,
-                                 note="speed: no baseline for this machine"))
+                                 note=f"speed: {speed_reason}"))
             elif metric not in run_metrics:
                 rows.append(_row(config, metric, "missing", baseline=float(base_metrics[metric]["value"]),
                                  note="metric not in this run"))
@@ -437,7 +438,7 @@ def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy 
     if not any(c in base_configs for c in run_configs):
         warnings.append("no configuration is present in both records: nothing was gated")
     return GateReport(rows=rows, warnings=warnings, baseline_id=baseline["run_id"], run_id=run["run_id"],
-                      policy_source=policy.source, speed_gated=speed_gated)
+                      policy_source=policy.source, speed_gated=speed_gated, speed_reason=speed_reason)
 
 
 # --------------------------------------------------------------------------- CLI glue

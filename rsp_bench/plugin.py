@@ -114,6 +114,7 @@ class _SessionState:
     summary: list[str] = field(default_factory=list)
     failed_gate: bool = False
     errored: list[str] = field(default_factory=list)
+    distributed: Any = None  # rsp_bench.distributed.DistributedRun in an xdist controller
 
 
 _STATE = pytest.StashKey[_SessionState]()
@@ -129,7 +130,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rsp-sensitivity", metavar="LIST", default=None,
                     help=f"comma-separated sensitivities in [0, 1] (default {DEFAULT_SENSITIVITIES}; "
                          f"{QUICK_SENSITIVITIES} with --rsp-quick)")
-    group.addoption("--rsp-mode", metavar="LIST", default="lossy",
+    group.addoption("--rsp-mode", metavar="LIST", default=None,
                     help="comma-separated pruning modes, e.g. lossy,lossless (default lossy); "
                          "reference/off always runs")
     group.addoption("--rsp-engine", metavar="NAME", default="reference",
@@ -209,11 +210,16 @@ def _parse_options(config: pytest.Config) -> RspOptions:
     engine = str(config.getoption("--rsp-engine")).strip()
     if engine not in available_engines():
         raise pytest.UsageError(f"--rsp-engine: unknown engine {engine!r}; available: {', '.join(available_engines())}")
-    modes = parse_modes(config.getoption("--rsp-mode"), engine)
     try:
         supported = declared_modes(engine)
     except HarnessInputError as exc:
         raise pytest.UsageError(f"--rsp-engine: {exc}") from None
+    raw_modes = config.getoption("--rsp-mode")
+    if raw_modes is None:
+        # The default is lossy, for an engine that has it; an engine that declared other modes
+        # (llama-cpp: "off", one configuration per quantization rung) runs those.
+        raw_modes = "lossy" if supported is None or "lossy" in supported else ",".join(supported)
+    modes = parse_modes(raw_modes, engine)
     if supported is not None:
         bad = [m for m in modes if m not in supported]
         if bad:
@@ -258,6 +264,20 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[_STATE] = _SessionState(_parse_options(config))
+    from rsp_bench import distributed
+
+    if distributed.is_controller(config):
+        run = distributed.DistributedRun()
+        config.stash[_STATE].distributed = run
+        config.pluginmanager.register(run, "rsp-bench-distributed")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    from rsp_bench import distributed
+
+    if distributed.worker_id(config) is not None:
+        distributed.assign_groups(items)  # before xdist reads the groups (it runs after us)
 
 
 def _state(config: pytest.Config) -> _SessionState:
@@ -325,7 +345,12 @@ def rsp_record(pytestconfig: pytest.Config) -> "RunRecordBuilder":
 @pytest.fixture(scope="session")
 def rsp_engine(pytestconfig: pytest.Config, rsp_options: RspOptions, rsp_record: "RunRecordBuilder"):
     from reference_engine import Engine
+    from rsp_bench import distributed
 
+    if distributed.worker_id(pytestconfig) is not None:
+        import torch
+
+        torch.set_num_threads(distributed.threads_for_worker(pytestconfig, distributed.cpu_count()))
     t0 = time.monotonic()
     engine = Engine.load(rsp_options.model, progress=_stderr_progress)
     _state(pytestconfig).engine = engine
@@ -386,12 +411,16 @@ def rsp_config(request: pytest.FixtureRequest, rsp_configs: list["ConfigSpec"]) 
 
 
 @pytest.fixture(scope="session")
-def rsp_reference_outputs(rsp_adapter_for):
+def rsp_reference_outputs(pytestconfig: pytest.Config, rsp_adapter_for, rsp_engine):
+    from rsp_bench import distributed
     from rsp_bench.engines import ConfigSpec, pruning_config
-    from rsp_bench.quality import ReferenceOutputs
+    from rsp_bench.quality import ReferenceOutputs, reference_cache_dir
 
     spec = ConfigSpec("reference/off", "reference", "off", None, {}, pruning_config("off"))
-    return ReferenceOutputs(rsp_adapter_for("reference"), spec)
+    # Workers share one on-disk copy of each reference set (computed once, under a file lock);
+    # a single process keeps them in memory only.
+    disk = reference_cache_dir(rsp_engine.weights_sha256) if distributed.worker_id(pytestconfig) else None
+    return ReferenceOutputs(rsp_adapter_for("reference"), spec, disk=disk)
 
 
 def _stderr_progress(message: str) -> None:
@@ -436,9 +465,51 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
         state.errored.append(item.nodeid.split("::")[-1])
 
 
+def _merge_workers(session: pytest.Session, state: _SessionState) -> str | None:
+    """In an xdist controller: the workers' records folded into this session's builder; returns
+    why the merged record is partial (a worker went down, or workers disagreed), or None."""
+    from rsp_bench import distributed
+    from rsp_bench.records import RunRecordBuilder
+
+    run = state.distributed
+    if not run.records and not run.crashed:
+        return None
+    builder = RunRecordBuilder(quick=state.options.quick, created_utc=state.created_utc)
+    merged = distributed.merge_records(run.records, builder)
+    workers = max(len(run.records) + len(run.crashed), 1)
+    info = {"workers": workers, "hosts": merged["hosts"], "placement": merged["placement"]}
+    builder.set_extra("distributed", info)
+    if distributed.contended(workers, len(merged["hosts"])):
+        builder.set_extra("contended", f"{workers} workers on {len(merged['hosts'])} host(s)")
+    state.builder = builder
+    state.suites.extend(s for s in builder.record["suites"] if s not in state.suites)
+    problems = list(run.crashed) + [f"workers disagree: {c}" for c in merged["conflicts"]]
+    return "; ".join(problems) or None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(_STATE, None)
-    if state is None or not _has_metrics(state.builder):
+    if state is None:
+        return
+    from rsp_bench import distributed
+
+    if distributed.worker_id(session.config) is not None:
+        # A worker hands its record to the controller, which writes one record and gates once.
+        if _has_metrics(state.builder):
+            for suite in state.suites:
+                state.builder.add_suite(suite)
+            reason = _partial_reason(session, exitstatus, state)
+            if reason:
+                state.builder.set_extra("partial", reason)
+            _ensure_model(state)
+            session.config.workeroutput["rsp_record"] = state.builder.build(
+                wall_time_s=round(time.monotonic() - state.started, 3))
+        return
+    worker_problem = _merge_workers(session, state) if state.distributed is not None else None
+    if worker_problem:
+        state.summary.append(f"ERROR: distributed run: {worker_problem}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if not _has_metrics(state.builder):
         return
     from rsp_bench.baselines import load_baseline, update_baseline
     from rsp_bench.errors import HarnessInputError
@@ -451,6 +522,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for suite in state.suites:
         builder.add_suite(suite)
     partial = _partial_reason(session, exitstatus, state)
+    partial = "; ".join(p for p in (partial, worker_problem, builder.record["extra"].get("partial")) if p) or None
     if partial:
         builder.set_extra("partial", partial)
     comparators = sorted(cid for cid, c in builder.record["configurations"].items() if c["engine"] != options.engine)
@@ -503,9 +575,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:
             lines.append(f"warning: {message}; nothing gated")
         return
-    report = compare(baseline, record, speed_gated=found.speed is not None)
+    contended = record["extra"].get("contended")
+    reason = (f"timings taken under contention: {contended}" if contended
+              else "no speed baseline for this machine")
+    report = compare(baseline, record, speed_gated=found.speed is not None and not contended, speed_reason=reason)
     lines.append(report.format_table())
-    if found.speed is None:
+    if contended:
+        lines.append(f"speed: reported, not gated: measured with {contended} (run speed with one worker per host)")
+    elif found.speed is None:
         lines.append(f"speed: reported, not gated: no speed baseline for machine {record['machine']['fingerprint']} "
                      f"({found.speed_path.name}); quality gated against {found.quality_path.name}")
     if not report.passed:

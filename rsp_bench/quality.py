@@ -117,6 +117,31 @@ def teacher_forced_all(adapter: EngineAdapter, spec: ConfigSpec, reference: Sequ
     return logits
 
 
+def code_version() -> str:
+    """A digest of the code that produces reference outputs (the reference engine's sources and
+    the harness's adapters), so a cached reference set is never read by other code."""
+    import hashlib
+
+    import reference_engine
+    import rsp_bench.engines
+
+    digest = hashlib.sha256()
+    for package in (reference_engine, rsp_bench.engines):
+        root = Path(package.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def reference_cache_dir(weights_sha256: str) -> Path:
+    """Where workers of one host share reference outputs: the engine's cache folder
+    (``RSP_BENCH_CACHE`` overrides) / reference-outputs / <weights digest>."""
+    from reference_engine.model_loading import cache_root
+
+    return cache_root() / "reference-outputs" / (weights_sha256[:16] or "unknown-weights")
+
+
 class ReferenceOutputs:
     """Unpruned reference generations, computed once per (prompt set, max_new_tokens).
 
@@ -124,11 +149,17 @@ class ReferenceOutputs:
     ``logits`` (teacher-forced on its own continuation) the first time they are asked for.
     Reusing a name with different prompts is refused: two suites would otherwise silently
     compare against each other's reference.
+
+    With ``disk`` (a folder; pytest-xdist workers of one host share it), each set is also
+    computed once across processes: the file is keyed by set name, prompts, token count, logits
+    or not, and code version, guarded by a file lock so two workers never compute or write it
+    twice, and written atomically so a half-written file is never read.
     """
 
-    def __init__(self, adapter: EngineAdapter, spec: ConfigSpec) -> None:
+    def __init__(self, adapter: EngineAdapter, spec: ConfigSpec, disk: Path | None = None) -> None:
         self.adapter = adapter
         self.spec = spec
+        self.disk = disk
         self._cache: dict[tuple[str, int], tuple[tuple[str, ...], list[Output]]] = {}
 
     def is_reference(self, spec: ConfigSpec) -> bool:
@@ -136,6 +167,38 @@ class ReferenceOutputs:
         pruning off, no extra parameters), so its own figures can be read from them."""
         return (spec.engine == self.spec.engine and spec.mode == "off" == self.spec.mode
                 and not spec.params and not self.spec.params)
+
+    def _compute(self, name: str, prompts: tuple[str, ...], max_new_tokens: int, with_logits: bool) -> list[Output]:
+        outputs = generate_all(self.adapter, self.spec, prompts, max_new_tokens, desc=f"reference {name}",
+                               keep_logits=with_logits)
+        if with_logits and any(o.logits is None for o in outputs):
+            missing = [o for o in outputs if o.logits is None]
+            for out, logits in zip(missing, teacher_forced_all(self.adapter, self.spec, missing,
+                                                               desc=f"reference {name} logits")):
+                out.logits = logits
+        return outputs
+
+    def _from_disk(self, name: str, prompts: tuple[str, ...], max_new_tokens: int, with_logits: bool) -> list[Output]:
+        import hashlib
+        import json
+
+        import torch
+        from filelock import FileLock
+
+        assert self.disk is not None
+        key = hashlib.sha256(json.dumps([name, prompts, max_new_tokens, with_logits, code_version()]).encode())
+        path = self.disk / f"{name}-{key.hexdigest()[:20]}.pt"
+        self.disk.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path) + ".lock"):
+            if path.exists():
+                rows = torch.load(path, weights_only=False)
+                return [Output(r["text"], r["token_ids"], r["prompt_ids"], r["stats"], r["logits"]) for r in rows]
+            outputs = self._compute(name, prompts, max_new_tokens, with_logits)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            torch.save([{"text": o.text, "token_ids": o.token_ids, "prompt_ids": o.prompt_ids, "stats": o.stats,
+                         "logits": o.logits} for o in outputs], tmp)
+            os.replace(tmp, path)
+            return outputs
 
     def get(self, name: str, prompts: Sequence[str], max_new_tokens: int, *,
             with_logits: bool = False) -> list[Output]:
@@ -145,15 +208,17 @@ class ReferenceOutputs:
             cached_prompts, outputs = self._cache[key]
             if cached_prompts != prompts_t:
                 raise HarnessInputError(f"reference set {name!r} was built for other prompts; use another name")
+            if with_logits and any(o.logits is None for o in outputs):
+                missing = [o for o in outputs if o.logits is None]
+                for out, logits in zip(missing, teacher_forced_all(self.adapter, self.spec, missing,
+                                                                   desc=f"reference {name} logits")):
+                    out.logits = logits
+            return outputs
+        if self.disk is not None:
+            outputs = self._from_disk(name, prompts_t, int(max_new_tokens), with_logits)
         else:
-            outputs = generate_all(self.adapter, self.spec, prompts_t, max_new_tokens, desc=f"reference {name}",
-                                   keep_logits=with_logits)
-            self._cache[key] = (prompts_t, outputs)
-        if with_logits and any(o.logits is None for o in outputs):
-            missing = [o for o in outputs if o.logits is None]
-            for out, logits in zip(missing, teacher_forced_all(self.adapter, self.spec, missing,
-                                                               desc=f"reference {name} logits")):
-                out.logits = logits
+            outputs = self._compute(name, prompts_t, int(max_new_tokens), with_logits)
+        self._cache[key] = (prompts_t, outputs)
         return outputs
 
 

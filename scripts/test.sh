@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The README's test command: set up, then the unit tests and every quick suite (equivalence,
-# extraction, throughput, adversarial, lm-eval), gated against the committed baseline in
-# results/baselines/ when one exists for this machine kind (a missing one warns).
+# The README's test command (what CI runs): set up (llama-cpp-python included: a source build the
+# first time), then the unit tests and every quick suite of the reference engine, gated in CI
+# mode (--rsp-ci) against the committed baselines in results/baselines/: quality on any machine,
+# speed on its own machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$(date +%s)
 bash scripts/bootstrap.sh
 . .venv/bin/activate
+echo "[test.sh] setup took $(( $(date +%s) - started )) s"
 python -m pytest tests -q -p no:cacheprovider
 python -m pytest suites --rsp-quick --rsp-ci -q -p no:cacheprovider
+echo "[test.sh] total $(( $(date +%s) - started )) s"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from rsp_bench.engines.base import ConfigSpec, engine_factory
+from rsp_bench.engines.base import ConfigSpec, available_engines, engine_factory
 from rsp_bench.errors import HarnessInputError
 
 if TYPE_CHECKING:
@@ -56,7 +56,9 @@ def plan_configs(engine: str, modes: Sequence[str], sensitivities: Sequence[floa
     must not import torch)."""
     anchor = ConfigSpec(format_config_id("reference", "off"), "reference", "off", None, {},
                         pruning_config("off") if with_pruning else None)
-    own = getattr(engine_factory(engine), "configurations", None) if engine != "reference" else None
+    own = None
+    if engine != "reference" and engine in available_engines():
+        own = getattr(engine_factory(engine), "configurations", None)
     if own is not None:
         specs = list(own(tuple(modes), tuple(sensitivities)))
         ids = [s.config_id for s in specs]
