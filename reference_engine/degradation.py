@@ -10,10 +10,6 @@ numbers and strings the engine measures:
   ``TextThresholds``;
 - ``loss_anomaly_reason``, ``norm_anomaly_reason``, ``router_instability_reason``: model-level
   signals compared with numbers calibrated on normal text (``DetectorCalibration``);
-- ``ood_reason``: the decision on the model-level out-of-distribution score of
-  ``reference_engine.ood`` (per-token losses, hidden-state distances, norms against a broad
-  normal corpus, one calibrated threshold); the engine uses it in place of the loss and norm
-  checks below, which stay for callers of this module;
 - ``first_reason``: the reason reported when several signals fire.
 
 Every reason is a short machine-readable string (``REASONS`` lists them all).
@@ -48,7 +44,6 @@ __all__ = [
     "loss_anomaly_reason",
     "norm_anomaly_reason",
     "router_instability_reason",
-    "ood_reason",
     "first_reason",
     "DetectorCalibration",
 ]
@@ -76,7 +71,6 @@ REASONS: tuple[str, ...] = (
     "prompt_injection",
     "prompt_loss",
     "hidden_norm",
-    "out_of_distribution",
     "router_unstable",
 )
 
@@ -873,18 +867,6 @@ def norm_anomaly_reason(
     if np.any(norms < lo / sl) or np.any(norms > hi * sl):
         return "hidden_norm"
     return None
-
-
-def ood_reason(score: float, threshold: float) -> str | None:
-    """"out_of_distribution" when the model-level score (``reference_engine.ood``) is above the
-    calibrated threshold. A NaN or infinite score fires: a prompt the statistics cannot even
-    describe is the clearest case for the full model. Raises ValueError for a non-finite
-    threshold or a score that is not a number."""
-    th = _finite("threshold", threshold)
-    if isinstance(score, bool) or not isinstance(score, (int, float, np.floating, np.integer)):
-        raise ValueError(f"score must be a number, got {score!r}")
-    s = float(score)
-    return "out_of_distribution" if not math.isfinite(s) or s > th else None
 
 
 def router_instability_reason(

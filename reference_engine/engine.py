@@ -24,15 +24,16 @@ import numpy as np
 import torch
 
 from . import calibration as calib_mod
-from . import degradation, ood
+from . import degradation
 from .config import PruningConfig
 from .errors import PromptError
-from .model import BypassMap, KVCache, decode_step, prefill, weights_from_hf
+from .model import BypassMap, KVCache, decode_step, logits_from_hidden, prefill, weights_from_hf
 from .model_loading import cache_root, file_digest, load_hf_model, load_tokenizer, resolve_model
 from .router import (Router, RouterCalibration, density_factor, density_of_text, sample_watermark,
                      watermark_factor)
 
 log = logging.getLogger("reference_engine")
+LOSS_SAMPLE_POSITIONS = 64  # prompt positions scored for the loss check (the LM head is costly)
 
 
 @dataclass
@@ -49,8 +50,6 @@ class _Row:
     prompt: str
     ids: list[int]
     degraded_reason: str | None = None
-    ood_score: float | None = None  # the model-level score, when it was computed
-    ood_feature: str | None = None  # the feature that set it
 
 
 def weights_digest(folder: Path) -> str:
@@ -97,8 +96,6 @@ class Engine:
         # "torch": bit-identical to transformers (the default, and what equivalence relies on);
         # "numpy": the same math on OpenBLAS, faster, last-bit differences (model.decode_step).
         self.decode_kernel = "torch"
-        self._ood: ood.OODModel | None = None
-        self._template: tuple[list[int], list[int]] | None = None
 
     # ---- loading ----
     @classmethod
@@ -132,43 +129,7 @@ class Engine:
         self._calibration = cal
         self._bypass = [BypassMap(maps[f"{i}.down"], maps[f"{i}.up"]) if lin else None
                         for i, lin in enumerate(cal.use_linear)]
-        self._ood = self._load_ood(progress, force)
         return cal
-
-    def _template_edges(self) -> tuple[list[int], list[int]]:
-        """Token ids the chat template puts before and after every user message."""
-        if self._template is None:
-            a, b = self.encode("x"), self.encode("y")
-            p = next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), min(len(a), len(b)))
-            s = next((i for i, (u, v) in enumerate(zip(a[::-1], b[::-1])) if u != v), 0)
-            self._template = (a[:p], a[len(a) - s:] if s else [])
-        return self._template
-
-    def _load_ood(self, progress: Callable[[str], None] | None, force: bool) -> ood.OODModel | None:
-        """The out-of-distribution model: packaged, else cached, else fitted now on the normal
-        corpus (fixtures/normal_corpus or $RSP_NORMAL_CORPUS) and cached. None, with a warning,
-        when there is no corpus to fit on: the text rules then stand alone."""
-        if not force:
-            for root in (Path(__file__).parent / "data", cache_root()):
-                path = ood.model_path(root, self.weights_sha256)
-                found = ood.load(path, self.weights_sha256)
-                if found is not None:
-                    return found
-        corpus = ood.default_corpus_dir()
-        if corpus is None:
-            log.warning("no normal corpus found (set RSP_NORMAL_CORPUS): the out-of-distribution check is off")
-            return None
-        prefix, suffix = self._template_edges()
-        raws = {part: ood.collect(self.weights, self.encode, ood.load_corpus(corpus, part), prefix, suffix,
-                                  progress=progress) for part in ("calibration", "heldout")}
-        model = ood.fit(raws["calibration"], raws["heldout"], self.dims.n_layers)
-        ood.save(model, ood.model_path(cache_root(), self.weights_sha256), self.weights_sha256)
-        return model
-
-    def ood_model(self) -> ood.OODModel | None:
-        """The fitted out-of-distribution model (loads the calibration first if needed)."""
-        self.calibration()
-        return self._ood
 
     # ---- text ----
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
@@ -387,19 +348,25 @@ class Engine:
         return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
     def _check_degradation(self, rows: list[_Row], hidden: list[torch.Tensor], cal: calib_mod.Calibration) -> None:
-        """Text rules, then the model-level out-of-distribution score (reference_engine.ood) of
-        each row from this prefill's hidden states: either firing turns pruning off for the row."""
-        model = self.ood_model()
-        prefix, suffix = self._template_edges()
+        """Text, prompt-loss and hidden-norm checks: any firing turns pruning off for that row."""
+        w = self.weights
         S = hidden[0].shape[1]
         for b, r in enumerate(rows):
             reason = degradation.text_anomaly_reason(r.prompt)
-            r.ood_score = None
-            if reason is None and model is not None:
-                lo, hi = ood.content_span(r.ids, prefix, suffix)
-                score, top = model.score(ood.raw_stats(self.weights, hidden, b, S - len(r.ids), r.ids, lo, hi))
-                r.ood_score, r.ood_feature = score, top
-                reason = degradation.ood_reason(score, model.threshold)
+            n = len(r.ids)
+            if reason is None and n > 1:
+                # Score an evenly spaced sample of positions: the full LM head over a long prompt
+                # would cost more than the decode it protects.
+                pos = torch.linspace(S - n, S - 2, steps=min(LOSS_SAMPLE_POSITIONS, n - 1)).round().long().unique()
+                logp = torch.log_softmax(logits_from_hidden(w, hidden[-1][b, pos]).double(), -1)
+                targets = torch.tensor(r.ids)[pos - (S - n) + 1]
+                nll = float(-logp.gather(-1, targets[:, None]).mean())
+                reason = degradation.loss_anomaly_reason(nll, cal.nll_mean, cal.nll_std)
+            if reason is None:
+                norms = [float(h[b, S - n:].norm(dim=-1).max()) for h in hidden[1:]]
+                lows = [float(h[b, S - n:].norm(dim=-1).min()) for h in hidden[1:]]
+                reason = degradation.norm_anomaly_reason(norms, cal.norm_lo, cal.norm_hi) or \
+                    degradation.norm_anomaly_reason(lows, cal.norm_lo, cal.norm_hi)
             r.degraded_reason = r.degraded_reason or reason
 
     def _make_router(self, rows: list[_Row], cfg: PruningConfig, cal: calib_mod.Calibration) -> Router:

@@ -44,20 +44,8 @@ __all__ = [
     "DEFAULT_DATABASE_DIR",
     "register_profiles",
     "load_profile",
-    "SPLITS",
     "normal_text",
     "multilingual_normal_text",
-    "ordinary_prose",
-    "random_base64",
-    "keyboard_mash",
-    "mojibake",
-    "hex_dump",
-    "caesar_cipher",
-    "url_encoded",
-    "repeated_phrase",
-    "random_letters",
-    "binary_digits",
-    "reversed_text",
     "control_chars",
     "zero_width",
     "combining_flood",
@@ -147,57 +135,9 @@ def normal_text(min_sentences: int = 1, max_sentences: int = 6) -> SearchStrateg
     return _prose(min_sentences, max_sentences)
 
 
-# Real sentences (written for this module): the ordinary text anomalies are injected into.
-# Not the word-list prose above: a model-level detector rightly finds word salad improbable,
-# and an anomaly must be detected for itself, not for the text around it.
-_SENTENCES: tuple[str, ...] = (
-    "Can you summarize this article in two sentences?",
-    "The meeting has been moved to Thursday at three o'clock.",
-    "Please check the attached invoice and let me know if anything is missing.",
-    "What is the best way to learn a new language as an adult?",
-    "Our flight was delayed by two hours because of the storm.",
-    "I need a recipe for a quick vegetarian dinner for four people.",
-    "The report shows that sales grew by twelve percent last quarter.",
-    "Could you explain how a binary search works?",
-    "My password reset email never arrived.",
-    "Write a short thank-you note to my neighbour for watering the plants.",
-    "The museum is closed on Mondays but open late on Fridays.",
-    "How do I convert a list of strings to integers in Python?",
-    "She finished the marathon in just under four hours.",
-    "The new library will open next spring near the river.",
-    "Translate this sentence into Spanish, please.",
-    "Why does the moon look bigger near the horizon?",
-    "We are looking for a volunteer to organise the summer picnic.",
-    "The package should arrive between Tuesday and Friday.",
-    "Is it safe to leave cooked rice out overnight?",
-    "Here is the error message I get when I run the script.",
-    "The council approved the budget after a long debate.",
-    "Give me three ideas for a birthday present for my father.",
-    "The train to the airport leaves every fifteen minutes.",
-    "Please rewrite this paragraph in a more formal tone.",
-    "He has been working on the same bug since Monday morning.",
-    "What are the symptoms of a vitamin D deficiency?",
-    "The hotel offers free breakfast and a shuttle to the beach.",
-    "Can you recommend a good book about the history of science?",
-    "The temperature dropped below zero for the first time this year.",
-    "Thanks for your help yesterday, it really made a difference.",
-    "Describe the water cycle for a ten-year-old.",
-    "Our team meets every morning for a short stand-up.",
-)
-
-
-def _real_sentences(min_n: int, max_n: int) -> SearchStrategy[str]:
-    return st.lists(st.sampled_from(_SENTENCES), min_size=min_n, max_size=max_n).map(" ".join)
-
-
-def ordinary_prose() -> SearchStrategy[str]:
-    """1-5 real English sentences (a fixed pool written for this module). Expect no degrade:
-    the false-positive control that a model-level detector must also leave alone."""
-    return _real_sentences(1, 5)
-
-
-# Built once (strategy construction is not free, and composites draw it for every example).
-_BASE_TEXT = _real_sentences(1, 4)
+# The ordinary text anomalies are injected into, built once (strategy construction is not
+# free, and composites draw it for every example).
+_BASE_TEXT = normal_text(1, 4)
 
 # Real sentences per language (written for this module): each text uses one or two
 # languages, as a multilingual user would, never characters mixed inside words.
@@ -541,131 +481,6 @@ def emoji_flood() -> SearchStrategy[str]:
     return _emoji_flood()
 
 
-# --------------------------------------------------------------------------- machine-made text
-# Random or machine-made strings that no text rule lists: a model-level detector must find them.
-# Each payload is built from a drawn seed and inserted into real sentences (or stands alone).
-
-
-def _seeded(build: Callable[[random.Random], str]) -> SearchStrategy[str]:
-    return _insert(st.integers(0, 2**32 - 1).map(lambda seed: build(random.Random(seed))))
-
-
-def _b64(rng: random.Random) -> str:
-    import base64
-
-    return base64.b64encode(bytes(rng.getrandbits(8) for _ in range(rng.randint(30, 300)))).decode()
-
-
-def random_base64() -> SearchStrategy[str]:
-    """Base64 of 30-300 random bytes (40-400 characters), inside real sentences or alone."""
-    return _seeded(_b64)
-
-
-def _mash(rng: random.Random) -> str:
-    alphabet = string.ascii_letters + string.digits + ";:,.'[]/-="
-    words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 12))) for _ in range(rng.randint(4, 40))]
-    return " ".join(words)
-
-
-def keyboard_mash() -> SearchStrategy[str]:
-    """4-40 'words' of 2-12 random letters, digits and keyboard punctuation."""
-    return _seeded(_mash)
-
-
-def _mojibake(rng: random.Random) -> str:
-    langs = [lang for lang in _LANGS if lang not in ("vi", "tr", "pl")]
-    text = " ".join(rng.choice(_MULTILINGUAL[rng.choice(langs)]) for _ in range(rng.randint(1, 3)))
-    # Undefined cp1252 bytes become "?", so the result holds no control or replacement chars.
-    return text.encode("utf-8").decode("cp1252", errors="replace").replace("\ufffd", "?")
-
-
-def mojibake() -> SearchStrategy[str]:
-    """Non-Latin sentences encoded as UTF-8 and decoded as cp1252 ("Ð¡ÐµÐ³Ð¾Ð´Ð½Ñ", "ä»Šå¤©")."""
-    return _seeded(_mojibake)
-
-
-def _hex_dump(rng: random.Random) -> str:
-    if rng.random() < 0.5:
-        return " ".join(f"0x{rng.getrandbits(8):02x}" for _ in range(rng.randint(12, 120)))
-    lines = []
-    for row in range(rng.randint(2, 12)):
-        words = " ".join(f"{rng.getrandbits(16):04x}" for _ in range(8))
-        lines.append(f"{row * 16:08x}: {words}")
-    return "\n".join(lines)
-
-
-def hex_dump() -> SearchStrategy[str]:
-    """Random bytes as 0x.. lists or xxd-style rows of 16-bit hex words."""
-    return _seeded(_hex_dump)
-
-
-def _caesar(rng: random.Random) -> str:
-    k = rng.randint(1, 25)
-    text = " ".join(rng.sample(_SENTENCES, rng.randint(1, 4)))
-    shift = lambda c, a: chr((ord(c) - a + k) % 26 + a)  # noqa: E731
-    return "".join(shift(c, 65) if c.isupper() else shift(c, 97) if c.islower() else c for c in text)
-
-
-def caesar_cipher() -> SearchStrategy[str]:
-    """Real sentences with every letter shifted by 1-25 places (ROT13 among them)."""
-    return _seeded(_caesar)
-
-
-def _url_encoded(rng: random.Random) -> str:
-    if rng.random() < 0.5:
-        raw = bytes(rng.getrandbits(8) for _ in range(rng.randint(10, 80)))
-    else:
-        raw = rng.choice(_MULTILINGUAL[rng.choice(_LANGS)]).encode("utf-8")
-    return "".join(f"%{b:02X}" for b in raw)
-
-
-def url_encoded() -> SearchStrategy[str]:
-    """Percent-encoded random bytes or non-ASCII sentences (%E4%BB%8A%E5%A4%A9...)."""
-    return _seeded(_url_encoded)
-
-
-def _repeated(rng: random.Random) -> str:
-    unit = rng.choice(("buy now ", "ok ", "the ", "hello world ", "lol ", "yes no ", rng.choice(_SENTENCES) + " "))
-    return (unit * rng.randint(20, 80)).strip()
-
-
-def repeated_phrase() -> SearchStrategy[str]:
-    """One word or phrase repeated 20-80 times ("buy now buy now ...")."""
-    return _seeded(_repeated)
-
-
-def _block_gibberish(rng: random.Random) -> str:
-    words = []
-    for _ in range(rng.randint(3, 25)):
-        alphabet = rng.choice(_SCRIPT_ALPHABETS)  # one script per word: no mixing inside words
-        words.append("".join(rng.choice(alphabet) for _ in range(rng.randint(2, 10))))
-    return " ".join(words)
-
-
-def random_letters() -> SearchStrategy[str]:
-    """3-25 words of 2-10 random letters, each word from one of 11 scripts (no language)."""
-    return _seeded(_block_gibberish)
-
-
-def _bits(rng: random.Random) -> str:
-    groups = [format(rng.getrandbits(8), "08b") for _ in range(rng.randint(8, 64))]
-    return (" " if rng.random() < 0.5 else "").join(groups)
-
-
-def binary_digits() -> SearchStrategy[str]:
-    """64-512 random bits as 0/1 characters, in bytes separated by spaces or in one string."""
-    return _seeded(_bits)
-
-
-def _reversed(rng: random.Random) -> str:
-    return " ".join(rng.sample(_SENTENCES, rng.randint(1, 4)))[::-1]
-
-
-def reversed_text() -> SearchStrategy[str]:
-    """Real sentences written backwards, character by character."""
-    return _seeded(_reversed)
-
-
 _INJECTION_TEMPLATES: tuple[str, ...] = (
     "{ignore} {all}{the}{previous} {instructions} and {act}.",
     "{ignore} {all}{the}{previous} {instructions}. {act_cap}.",
@@ -935,27 +750,15 @@ def invalid_pruning_configs(
 # --------------------------------------------------------------------------- registry
 
 
-#: The split of generated classes (DESIGN.md section 9). "tuning": classes looked at while the
-#: detector's text rules and model features were chosen; "heldout": classes written before the
-#: detector was frozen and never used to choose anything, reported separately; "normal": the
-#: false-positive controls.
-SPLITS: tuple[str, ...] = ("tuning", "heldout", "normal")
-
-
 @dataclass(frozen=True)
 class AdversarialClass:
     """A named input class: its strategy factory, whether a detector should degrade on it,
-    what it contains, and its split (``SPLITS``)."""
+    and what it contains."""
 
     name: str
     strategy_fn: Callable[[], SearchStrategy[str]]
     expect_degrade: bool
     description: str
-    split: str = "tuning"
-
-    def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise ValueError(f"AdversarialClass {self.name!r}: split {self.split!r} is not one of {SPLITS}")
 
     def strategy(self) -> SearchStrategy[str]:
         """The class's strategy (calls ``strategy_fn``)."""
@@ -977,35 +780,24 @@ def _doc(fn: Callable[..., Any]) -> str:
 
 #: Every named text class. ``near_context_limit`` is not here: it needs a token budget.
 STRATEGIES: dict[str, AdversarialClass] = _register(*[
-    AdversarialClass(fn.__name__, fn, split != "normal", _doc(fn), split)
-    for fn, split in (
-        (control_chars, "tuning"),
-        (zero_width, "tuning"),
-        (combining_flood, "tuning"),
-        (replacement_chars, "tuning"),
-        (bidi_override, "tuning"),
-        (lone_surrogates, "tuning"),
-        (lone_surrogates_lenient, "tuning"),
-        (invalid_bytes_lenient, "tuning"),
-        (punctuation_run, "tuning"),
-        (char_run, "tuning"),
-        (mixed_script_flood, "tuning"),
-        (emoji_flood, "tuning"),
-        (prompt_injection, "tuning"),
-        (empty_or_whitespace, "tuning"),
-        (random_base64, "tuning"),
-        (keyboard_mash, "tuning"),
-        (mojibake, "tuning"),
-        (hex_dump, "heldout"),
-        (caesar_cipher, "heldout"),
-        (url_encoded, "heldout"),
-        (repeated_phrase, "heldout"),
-        (random_letters, "heldout"),
-        (binary_digits, "heldout"),
-        (reversed_text, "heldout"),
-        (normal_text, "normal"),
-        (multilingual_normal_text, "normal"),
-        (ordinary_prose, "normal"),
+    AdversarialClass(fn.__name__ if name is None else name, fn, expect, _doc(fn))
+    for name, fn, expect in (
+        (None, control_chars, True),
+        (None, zero_width, True),
+        (None, combining_flood, True),
+        (None, replacement_chars, True),
+        (None, bidi_override, True),
+        (None, lone_surrogates, True),
+        (None, lone_surrogates_lenient, True),
+        (None, invalid_bytes_lenient, True),
+        (None, punctuation_run, True),
+        (None, char_run, True),
+        (None, mixed_script_flood, True),
+        (None, emoji_flood, True),
+        (None, prompt_injection, True),
+        (None, empty_or_whitespace, True),
+        (None, normal_text, False),
+        (None, multilingual_normal_text, False),
     )
 ])
 

@@ -19,32 +19,25 @@ SmolLM2-135M-Instruct unless ``--rsp-model``):
 - a prompt past the context raises ``PromptError`` naming its length; one that exactly
   fills the context runs.
 
-Rates, recorded in the run record under ``reference/lossy/s=0.50`` with n and a Wilson CI
-(DESIGN.md section 9: what the detector was tuned on and what it was not, reported apart):
+Rates, recorded in the run record under ``reference/lossy/s=0.50`` with n and a Wilson CI:
 
-- ``degradation_detection_rate_tuning``: share of generated examples of the tuning classes
-  (``STRATEGIES`` with split "tuning") on which the engine degrades; must be >= 95%;
-- ``degradation_detection_rate_heldout``: the same on the held-out classes (split "heldout",
-  never used to choose a rule, feature or threshold); must be within 5 points of tuning;
-- ``degradation_detection_rate``: both together;
-- ``degradation_false_positive_rate``: share of the normal corpus's held-out part
-  (fixtures/normal_corpus/heldout.jsonl; the out-of-distribution threshold was chosen on it
-  for 2%) on which the engine degrades; must be <= 5%. Beside it, never used for anything:
-  ``degradation_false_positive_rate_fixtures`` (every equivalence prompt, a quick subset of
-  SQuAD prompts and of structured documents) and ``..._generated`` (generated real-sentence
-  prose), both <= 5%.
-  The text rules run on every example without the model; only what they let through goes
-  through the engine (whose out-of-distribution score may still catch it), cut at
-  ``RATE_MAX_TOKENS``. This equals the engine's own verdict on every example because the
-  engine degrades whenever a text rule fires, which the batch property asserts on real runs.
-  Text that is not valid Unicode (lone surrogates) counts as detected only if one engine run
-  on it degrades or raises ``PromptError``; a crash makes the whole group misses.
+- ``degradation_false_positive_rate``: share of a fixed corpus of normal prompts (every
+  equivalence prompt, a quick subset of SQuAD prompts and of structured documents) on which
+  the engine degrades; must be <= 5%;
+- ``degradation_detection_rate``: share of generated examples of every adversarial class
+  (``STRATEGIES`` with ``expect_degrade``) on which the engine degrades; >= 95% per class.
+  The text-level detector runs on every example without the model; only the examples it
+  lets through go through the engine (whose prompt-loss and hidden-norm checks may still
+  catch them). This equals the engine's own verdict on every example because the engine
+  degrades whenever the text check fires, which the batch property asserts on real runs.
+  Text that is not valid Unicode (lone surrogates) counts as detected only if one engine
+  run on it degrades or raises ``PromptError``; a crash makes the whole group misses.
 
 Sizes (examples per property; the hypothesis profile comes from ``RSP_HYPOTHESIS_PROFILE``,
 or ``RSP_BENCH_HYPOTHESIS_PROFILE``, default ``ci``; see ``SIZES``):
 
     property                          ci      dev     model runs per example
-    detector rate, per class (x24)    40      400     1 per text-rule miss (most of them)
+    detector rate, per class (x16)    200     1000    none (misses only)
     every class through the engine    1       5       lossy + off batch of them (x16)
     engine batches (1-4 / 1-8 rows)   12      200     lossy + off batch, 1-2 teacher-forced
     valid configs and overrides       10      100     1
@@ -79,7 +72,6 @@ import os
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pytest
@@ -112,14 +104,13 @@ class Sizes:
     invalid_configs: int
     token_examples: int
     past_limit: int
-    normal_per_class: int
 
 
 SIZES: dict[str, Sizes] = {
-    "ci": Sizes(rate_per_class=40, per_class_engine=1, engine_batches=12, max_batch=4, valid_configs=10,
-                invalid_configs=120, token_examples=8, past_limit=5, normal_per_class=20),
-    "dev": Sizes(rate_per_class=400, per_class_engine=5, engine_batches=200, max_batch=8, valid_configs=100,
-                 invalid_configs=1000, token_examples=100, past_limit=50, normal_per_class=200),
+    "ci": Sizes(rate_per_class=200, per_class_engine=1, engine_batches=12, max_batch=4, valid_configs=10,
+                invalid_configs=120, token_examples=8, past_limit=5),
+    "dev": Sizes(rate_per_class=1000, per_class_engine=5, engine_batches=200, max_batch=8, valid_configs=100,
+                 invalid_configs=1000, token_examples=100, past_limit=50),
 }
 
 PROFILE = os.environ.get("RSP_HYPOTHESIS_PROFILE") or os.environ.get("RSP_BENCH_HYPOTHESIS_PROFILE") or "ci"
@@ -173,16 +164,6 @@ QUICK_LONG_PROMPT_MAX_CONTEXT = 2048
 
 DEGRADE_CLASSES = sorted(n for n, c in STRATEGIES.items() if c.expect_degrade)
 NORMAL_CLASSES = sorted(n for n, c in STRATEGIES.items() if not c.expect_degrade)
-# Normal classes of real sentences, which the model-level detector must also leave alone.
-MODEL_NORMAL_CLASSES = ("multilingual_normal_text", "ordinary_prose")
-# Held-out generated classes may be detected at most this far below the tuning classes (issue 15).
-MAX_HELDOUT_GAP = 0.05
-# Engine runs of the rate tests see at most this many tokens of a text (the detector test's
-# anomalies sit in short text; the held-out normal corpus has documents up to ~1,500 tokens,
-# cut here so the quick run stays within its budget on 2 cores).
-RATE_MAX_TOKENS = 160
-NORMAL_MAX_TOKENS = 512
-NORMAL_CORPUS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "normal_corpus"
 
 # Every registered class, tagged with its name (the failure report says which class broke).
 TAGGED_TEXT = st.one_of(*[
@@ -359,60 +340,25 @@ def _normal_corpus(quick: bool) -> list[tuple[str, str]]:
     return corpus
 
 
-def _heldout_normal() -> list[tuple[str, str]]:
-    """(id/kind, text) of the normal corpus's held-out part (fixtures/normal_corpus/heldout.jsonl):
-    never used to fit the detector's statistics; its threshold was chosen on it (see README)."""
-    path = NORMAL_CORPUS_DIR / "heldout.jsonl"
-    items = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [(f"{it['id']}", it["text"]) for it in items]
-
-
 def test_false_positive_rate_on_normal_prompts(rsp_engine: Any, rsp_options: Any, rsp_record: Any) -> None:
-    heldout = _heldout_normal()
-    fixtures = _normal_corpus(rsp_options.quick)
-    # Generated prose the model must also leave alone (real sentences, several languages);
-    # the word-list prose of ``normal_text`` is judged by the text rules only: it is word salad,
-    # and a model-level detector rightly finds it improbable.
-    generated = [(name, t) for name in MODEL_NORMAL_CLASSES
-                 for t in _draw(STRATEGIES[name].strategy(), SIZE.normal_per_class)]
-    everything = heldout + fixtures + generated
-    results = _run_sorted(rsp_engine, [_cap_tokens(rsp_engine, t, NORMAL_MAX_TOKENS) for _, t in everything])
-    fired = {src: res.stats["degraded_reason"] for (src, _), res in zip(everything, results) if res.stats["degraded"]}
-    parts = {"heldout_corpus": heldout, "fixtures": fixtures, "generated_prose": generated}
-    report: dict[str, Any] = {}
-    start = 0
-    for part, items in parts.items():
-        srcs = [src for src, _ in items]
-        hits = sum(1 for k, res in enumerate(results[start:start + len(items)]) if res.stats["degraded"])
-        start += len(items)
-        report[part] = {"n": len(items), "fired": hits,
-                        "which": {s: fired[s] for s in srcs if s in fired} if part != "generated_prose" else hits}
-    rate, ci = _record_rate(rsp_record, "degradation_false_positive_rate", report["heldout_corpus"]["fired"],
-                            len(heldout))
-    f_rate, f_ci = _record_rate(rsp_record, "degradation_false_positive_rate_fixtures", report["fixtures"]["fired"],
-                                len(fixtures))
-    g_rate, _ = _record_rate(rsp_record, "degradation_false_positive_rate_generated",
-                             report["generated_prose"]["fired"], len(generated))
-    _count(rsp_record, "false_positive_corpus", len(everything))
+    corpus = _normal_corpus(rsp_options.quick)
+    results = _run_sorted(rsp_engine, [text for _, text in corpus])
+    fired = {src: res.stats["degraded_reason"] for (src, _), res in zip(corpus, results) if res.stats["degraded"]}
+    rate, ci = _record_rate(rsp_record, "degradation_false_positive_rate", len(fired), len(corpus))
+    _count(rsp_record, "false_positive_corpus", len(corpus))
+    # The generated normal classes are text-level only: their word-salad prose is not what a
+    # user writes, and the prompt-loss check rightly finds it improbable (see the report).
     text_fp = {}
     for name in NORMAL_CLASSES:
         texts = _draw(STRATEGIES[name].strategy(), SIZE.rate_per_class)
         text_fp[name] = {"n": len(texts), "fired": sum(text_anomaly_reason(t) is not None for t in texts)}
     _count(rsp_record, "normal_class_text_level", sum(v["n"] for v in text_fp.values()))
-    _report(rsp_record, "false_positive", {**report, "reasons": dict(Counter(fired.values())), "text_level": text_fp})
+    _report(rsp_record, "false_positive", {"n": len(corpus), "fired": fired,
+                                           "reasons": dict(Counter(fired.values())), "text_level": text_fp})
     assert rate <= MAX_FALSE_POSITIVE_RATE, (
-        f"degradation fired on {report['heldout_corpus']['fired']}/{len(heldout)} held-out normal prompts "
-        f"({rate:.1%}, CI {ci[0]:.3f}-{ci[1]:.3f}): {report['heldout_corpus']['which']}")
-    assert f_rate <= MAX_FALSE_POSITIVE_RATE, (
-        f"degradation fired on {report['fixtures']['fired']}/{len(fixtures)} fixture prompts ({f_rate:.1%}, "
-        f"CI {f_ci[0]:.3f}-{f_ci[1]:.3f}): {report['fixtures']['which']}")
+        f"degradation fired on {len(fired)}/{len(corpus)} normal prompts ({rate:.1%}, CI {ci[0]:.3f}-{ci[1]:.3f}): {fired}")
     for name, v in text_fp.items():
         assert v["fired"] <= MAX_FALSE_POSITIVE_RATE * v["n"], f"text detector fired on {v['fired']}/{v['n']} of {name}"
-    if g_rate > MAX_FALSE_POSITIVE_RATE:
-        # Issue 15: the out-of-distribution score flags some short generated sentences (measured
-        # 2/16 of ordinary_prose on 2026-12-01). Recorded for the gate; an expected failure until fixed.
-        pytest.xfail(f"issue 15: degradation fired on {g_rate:.1%} of generated ordinary prose "
-                     f"({report['generated_prose']['fired']}/{len(generated)})")
 
 
 def _unencodable_verdict(engine: Any, text: str) -> str:
@@ -433,8 +379,7 @@ def test_detection_rate_on_adversarial_classes(rsp_engine: Any, rsp_record: Any)
     unencodable: list[tuple[str, str]] = []
     for name in DEGRADE_CLASSES:
         texts = _draw(STRATEGIES[name].strategy(), SIZE.rate_per_class)
-        per_class[name] = {"n": len(texts), "split": STRATEGIES[name].split, "text_level": 0, "model_level": 0,
-                           "unencodable": 0}
+        per_class[name] = {"n": len(texts), "text_level": 0, "model_level": 0, "unencodable": 0}
         for t in texts:
             if not _encodable(t):
                 unencodable.append((name, t))
@@ -442,15 +387,11 @@ def test_detection_rate_on_adversarial_classes(rsp_engine: Any, rsp_record: Any)
                 per_class[name]["text_level"] += 1
             else:
                 misses.append((name, t))
-    # What the text rules let through goes through the engine: its out-of-distribution score is
-    # the rest of the detector. Capped at RATE_MAX_TOKENS tokens (prefill cost on 2 cores).
-    missed_examples: dict[str, list[str]] = {}
+    # What the text check lets through goes through the engine: its prompt-loss and hidden-
+    # norm checks are part of the detector.
     if misses:
-        capped = [_cap_tokens(rsp_engine, t, RATE_MAX_TOKENS) for _, t in misses]
-        for (name, text), res in zip(misses, _run_sorted(rsp_engine, capped)):
+        for (name, _), res in zip(misses, _run_sorted(rsp_engine, [t for _, t in misses])):
             per_class[name]["model_level"] += int(res.stats["degraded"])
-            if not res.stats["degraded"]:
-                missed_examples.setdefault(name, []).append(text[:80])
     # Text that is not valid Unicode never reaches the detector if the tokenizer chokes on it:
     # one engine run decides for all of them (its handling does not depend on where the
     # surrogate sits). Rejecting with PromptError counts as protected: nothing is pruned.
@@ -458,32 +399,19 @@ def test_detection_rate_on_adversarial_classes(rsp_engine: Any, rsp_record: Any)
     if verdict in ("degraded", "rejected"):
         for name, _ in unencodable:
             per_class[name]["unencodable"] += 1
+    detected = sum(v["text_level"] + v["model_level"] + v["unencodable"] for v in per_class.values())
+    total = sum(v["n"] for v in per_class.values())
+    rate, ci = _record_rate(rsp_record, "degradation_detection_rate", detected, total)
     for v in per_class.values():
-        v["detected"] = v["text_level"] + v["model_level"] + v["unencodable"]
-        v["rate"] = round(v["detected"] / v["n"], 4)
-    rates = {}
-    for split, metric in (("tuning", "degradation_detection_rate_tuning"),
-                          ("heldout", "degradation_detection_rate_heldout"), (None, "degradation_detection_rate")):
-        group = [v for v in per_class.values() if split is None or v["split"] == split]
-        hits, total = sum(v["detected"] for v in group), sum(v["n"] for v in group)
-        rates[split] = (*_record_rate(rsp_record, metric, hits, total), hits, total)
-    _count(rsp_record, "detection_rate", sum(v["n"] for v in per_class.values()))
-    _report(rsp_record, "detection", {"n": rates[None][3], "engine_runs": len(misses), "per_class": per_class,
-                                      "missed_examples": {k: v[:5] for k, v in missed_examples.items()},
+        v["rate"] = round((v["text_level"] + v["model_level"] + v["unencodable"]) / v["n"], 4)
+    _count(rsp_record, "detection_rate", total)
+    _report(rsp_record, "detection", {"n": total, "engine_runs": len(misses), "per_class": per_class,
                                       "unencodable": len(unencodable), "unencodable_verdict": verdict})
-    (t_rate, t_ci, t_hits, t_n), (h_rate, h_ci, h_hits, h_n) = rates["tuning"], rates["heldout"]
-    summary = (f"tuning classes {t_hits}/{t_n} ({t_rate:.1%}, CI {t_ci[0]:.3f}-{t_ci[1]:.3f}), held-out classes "
-               f"{h_hits}/{h_n} ({h_rate:.1%}, CI {h_ci[0]:.3f}-{h_ci[1]:.3f}); invalid Unicode: {verdict}")
-    unmet = []
-    if t_rate < MIN_DETECTION_RATE:
-        unmet.append(f"tuning detection under {MIN_DETECTION_RATE:.0%}")
-    if t_rate - h_rate > MAX_HELDOUT_GAP:
-        unmet.append(f"held-out classes more than {MAX_HELDOUT_GAP:.0%} below tuning")
-    if unmet:
-        # Issue 15's targets, not yet met by the out-of-distribution score (measured 2026-12-01:
-        # held-out classes about 15% against tuning about 90%). Recorded above for the gate, and
-        # reported here as an expected failure rather than hidden; remove when they are met.
-        pytest.xfail(f"issue 15 targets unmet ({'; '.join(unmet)}): {summary}; missed {missed_examples}")
+    low = {name: v for name, v in per_class.items() if v["rate"] < MIN_DETECTION_RATE}
+    assert rate >= MIN_DETECTION_RATE, (
+        f"degradation fired on {detected}/{total} adversarial examples ({rate:.1%}, CI {ci[0]:.3f}-{ci[1]:.3f}); "
+        f"engine on text that is not valid Unicode: {verdict}")
+    assert not low, f"classes under {MIN_DETECTION_RATE:.0%} detection (engine on invalid Unicode: {verdict}): {low}"
 
 
 # --------------------------------------------------------------------------- engine batches

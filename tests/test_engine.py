@@ -69,11 +69,8 @@ def test_sensitivity_zero_disables_pruning(tiny_engine):
 def test_bypass_ratio_rises_with_sensitivity(tiny_engine):
     ratios = []
     for s in (0.0, 0.25, 0.5, 0.75, 1.0):
-        # One request per prompt: in a batch, one row that degrades (the tiny random model's
-        # out-of-distribution check flags "The quick brown fox") vetoes every bypass of the batch.
-        res = [r for p in PROMPTS for r in tiny_engine.generate([p], max_new_tokens=24, sensitivity=s,
-                                                                log_level="NONE", hardware_watermark=0.0,
-                                                                tau0=0.1)]
+        res = tiny_engine.generate(PROMPTS, max_new_tokens=24, sensitivity=s, log_level="NONE",
+                                   hardware_watermark=0.0, tau0=0.1)
         ratios.append(float(np.mean([r.stats["bypass_ratio"] for r in res])))
     assert ratios[0] == 0.0
     assert ratios[-1] > 0.0, ratios
@@ -84,7 +81,7 @@ def test_blacklist_is_never_bypassed(tiny_engine):
     log = io.StringIO()
     n = tiny_engine.dims.n_layers
     blacklist = tuple(range(0, n, 2))
-    tiny_engine.generate(PROMPTS[1:3], max_new_tokens=12, sensitivity=1.0, layer_blacklist=blacklist,
+    tiny_engine.generate(PROMPTS[:2], max_new_tokens=12, sensitivity=1.0, layer_blacklist=blacklist,
                          log_level="DETAILED", hardware_watermark=0.0, tau0=1.0, log_file=log)
     records = [json.loads(line) for line in log.getvalue().splitlines()]
     blocks = [r for r in records if r["event"] == "block"]
