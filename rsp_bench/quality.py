@@ -168,15 +168,19 @@ class ReferenceOutputs:
         return (spec.engine == self.spec.engine and spec.mode == "off" == self.spec.mode
                 and not spec.params and not self.spec.params)
 
-    def _compute(self, name: str, prompts: tuple[str, ...], max_new_tokens: int, with_logits: bool) -> list[Output]:
-        outputs = generate_all(self.adapter, self.spec, prompts, max_new_tokens, desc=f"reference {name}",
-                               keep_logits=with_logits)
-        if with_logits and any(o.logits is None for o in outputs):
-            missing = [o for o in outputs if o.logits is None]
+    def _fill_logits(self, name: str, outputs: list[Output]) -> list[Output]:
+        """Teacher-forced logits for the outputs that have none (on their own continuation)."""
+        missing = [o for o in outputs if o.logits is None]
+        if missing:
             for out, logits in zip(missing, teacher_forced_all(self.adapter, self.spec, missing,
                                                                desc=f"reference {name} logits")):
                 out.logits = logits
         return outputs
+
+    def _compute(self, name: str, prompts: tuple[str, ...], max_new_tokens: int, with_logits: bool) -> list[Output]:
+        outputs = generate_all(self.adapter, self.spec, prompts, max_new_tokens, desc=f"reference {name}",
+                               keep_logits=with_logits)
+        return self._fill_logits(name, outputs) if with_logits else outputs
 
     def _from_disk(self, name: str, prompts: tuple[str, ...], max_new_tokens: int, with_logits: bool) -> list[Output]:
         import hashlib
@@ -208,12 +212,7 @@ class ReferenceOutputs:
             cached_prompts, outputs = self._cache[key]
             if cached_prompts != prompts_t:
                 raise HarnessInputError(f"reference set {name!r} was built for other prompts; use another name")
-            if with_logits and any(o.logits is None for o in outputs):
-                missing = [o for o in outputs if o.logits is None]
-                for out, logits in zip(missing, teacher_forced_all(self.adapter, self.spec, missing,
-                                                                   desc=f"reference {name} logits")):
-                    out.logits = logits
-            return outputs
+            return self._fill_logits(name, outputs) if with_logits else outputs
         if self.disk is not None:
             outputs = self._from_disk(name, prompts_t, int(max_new_tokens), with_logits)
         else:

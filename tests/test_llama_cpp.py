@@ -58,12 +58,12 @@ def test_parse_ladder_names_rungs_and_refuses_bad_entries() -> None:
 def test_registered_with_its_own_configurations(llama, monkeypatch) -> None:
     from rsp_bench.engines import plan_configs
 
-    assert "llama-cpp" in available_engines() and declared_modes("llama-cpp") == ("off",)
-    ids = [s.config_id for s in plan_configs("llama-cpp", ("off",), (0.5,), with_pruning=False)]
+    assert "llama-cpp" in available_engines() and declared_modes("llama-cpp") == ("off", "quant")
+    ids = [s.config_id for s in plan_configs("llama-cpp", ("quant",), (0.5,), with_pruning=False)]
     assert ids == ["reference/off", "llama-cpp/f32", "llama-cpp/q8_0", "llama-cpp/q4_k_m", "llama-cpp/q4_1"]
     monkeypatch.setenv(LADDER_ENV, "prod=q8_0")
-    [anchor, prod] = plan_configs("llama-cpp", ("off",), (0.5,), with_pruning=False)
-    assert (prod.config_id, prod.engine, prod.mode, prod.params) == ("llama-cpp/prod", "llama-cpp", "off",
+    [anchor, prod] = plan_configs("llama-cpp", ("quant",), (0.5,), with_pruning=False)
+    assert (prod.config_id, prod.engine, prod.mode, prod.params) == ("llama-cpp/prod", "llama-cpp", "quant",
                                                                       {"quant": "q8_0"})
 
 
@@ -237,11 +237,11 @@ def test_bad_configurations_and_inputs_are_refused(llama, adapter, tiny_model_di
     from rsp_bench.engines.llama_cpp import LlamaCppAdapter
 
     with pytest.raises(HarnessInputError, match="no rung 'q8_0' in this ladder"):
-        adapter.generate(["x"], 2, ConfigSpec("llama-cpp/q8_0", "llama-cpp", "off", None, {"quant": "q8_0"}))
+        adapter.generate(["x"], 2, ConfigSpec("llama-cpp/q8_0", "llama-cpp", "quant", None, {"quant": "q8_0"}))
     with pytest.raises(HarnessInputError, match="mode 'lossy'"):
         adapter.generate(["x"], 2, ConfigSpec("llama-cpp/f32", "llama-cpp", "lossy", 0.5, {}))
     with pytest.raises(HarnessInputError, match="asks for quant 'q4_1' but rung 'f32'"):
-        adapter.generate(["x"], 2, ConfigSpec("llama-cpp/f32", "llama-cpp", "off", None, {"quant": "q4_1"}))
+        adapter.generate(["x"], 2, ConfigSpec("llama-cpp/f32", "llama-cpp", "quant", None, {"quant": "q4_1"}))
     spec = adapter.configurations()[0]
     with pytest.raises(HarnessInputError, match="exceeds the llama.cpp context of 256"):
         adapter.generate(["word " * 300], 8, spec)

@@ -2,7 +2,7 @@
 run on the reference engine's own weights (an F32 GGUF) and on a quantization ladder of them.
 
 Each rung of the ladder (rsp_bench.gguf_ladder) is one configuration, ``llama-cpp/<rung>``
-(mode "off": llama.cpp prunes nothing), declared at registration so the suites run
+(mode "quant": llama.cpp prunes nothing, but a quantized model is not the reference), declared at registration so the suites run
 ``reference/off`` and then every rung. What keeps the comparison with the reference exact:
 
 - prompts are token-identical: the reference engine's encoder (chat template applied) makes
@@ -55,9 +55,13 @@ EXTRA_BUFFERS_ENV = "RSP_LLAMA_CPP_EXTRA_BUFFERS"
 # answer fits with room. With logits for every position, llama-cpp-python keeps an
 # n_ctx x vocab float32 array per rung (2048 x 49,152 x 4 B = 400 MB), so not the model's 8k.
 DEFAULT_N_CTX = 2048
+# The rungs' mode. Not "off": llama.cpp prunes nothing, but a quantized model is not the
+# unpruned reference, so the suites' exactness checks and [off] budgets for mode "off" must not
+# apply to it; rows are judged by the gate against llama-cpp's own baseline instead.
+MODE = "quant"
 
 
-def configurations(modes: Sequence[str] = ("off",), sensitivities: Sequence[float] = ()) -> list[ConfigSpec]:
+def configurations(modes: Sequence[str] = ("quant",), sensitivities: Sequence[float] = ()) -> list[ConfigSpec]:
     """One configuration per rung of this process's ladder (``RSP_LLAMA_CPP_LADDER``), read
     before any model loads. Pruning modes and sensitivities do not apply to llama.cpp."""
     if importlib.util.find_spec("llama_cpp") is None:
@@ -71,7 +75,7 @@ def spec_for(rung: Rung, gguf_sha256: str | None = None) -> ConfigSpec:
     params: dict[str, Any] = {"quant": rung.file_type}
     if gguf_sha256 is not None:
         params["gguf_sha256"] = gguf_sha256
-    return ConfigSpec(format_config_id(NAME, rung.name), NAME, "off", None, params)
+    return ConfigSpec(format_config_id(NAME, rung.name), NAME, MODE, None, params)
 
 
 def usable_cores() -> int:
@@ -120,7 +124,7 @@ class LlamaCppAdapter:
     """llama.cpp on the rungs of a GGUF ladder, fed the reference engine's prompt ids."""
 
     name = NAME
-    modes = ("off",)
+    modes = (MODE,)
     batch_size = 1
 
     def __init__(self, engine: "Engine", model: str | os.PathLike[str] | None = None, *,
@@ -150,7 +154,7 @@ class LlamaCppAdapter:
                                        source_sha256=self.source_sha256)
         return self._files
 
-    def configurations(self, modes: Sequence[str] = ("off",), sensitivities: Sequence[float] = ()) -> list[ConfigSpec]:
+    def configurations(self, modes: Sequence[str] = ("quant",), sensitivities: Sequence[float] = ()) -> list[ConfigSpec]:
         """The ladder's configurations with each file's digest in ``params``."""
         files = self.files()
         return [spec_for(r, files[r.file_type].sha256) for r in self.rungs.values()]
@@ -165,8 +169,8 @@ class LlamaCppAdapter:
                                  "size": files[r.file_type].size} for name, r in self.rungs.items()}}
 
     def _rung(self, spec: ConfigSpec) -> Rung:
-        if spec.engine != NAME or spec.mode != "off":
-            raise HarnessInputError(f"engine {NAME!r} runs its own ladder configurations (mode 'off'), "
+        if spec.engine != NAME or spec.mode != MODE:
+            raise HarnessInputError(f"engine {NAME!r} runs its own ladder configurations (mode {MODE!r}), "
                                     f"got {spec.config_id!r} (engine {spec.engine!r}, mode {spec.mode!r})")
         rung_name = spec.config_id.split("/", 1)[1] if "/" in spec.config_id else ""
         rung = self.rungs.get(rung_name)
@@ -248,7 +252,7 @@ class LlamaCppAdapter:
                 llm._logits_all = True
             stats = {"layers_bypassed": 0, "total_tokens": len(new), "bypass_ratio": 0.0,
                      "blocks": self.engine.dims.n_layers, "degraded": False, "degraded_reason": None,
-                     "mode": "off", "sensitivity": None, "prompt_tokens": len(ids), "batch_size": 1,
+                     "mode": MODE, "sensitivity": None, "prompt_tokens": len(ids), "batch_size": 1,
                      "decode_time_s": prefill_s + sum(steps), "quant": rung.file_type,
                      "n_threads": self.n_threads}
             if len(prompts) == 1:
@@ -277,10 +281,10 @@ class LlamaCppAdapter:
         # Position p-1 (the last prompt token) predicts continuation[0], and so on.
         logits = torch.from_numpy(llm.scores[p - 1:p - 1 + t].copy())
         stats = {"layers_bypassed": 0, "total_tokens": t, "bypass_ratio": 0.0,
-                 "blocks": self.engine.dims.n_layers, "mode": "off", "quant": rung.file_type}
+                 "blocks": self.engine.dims.n_layers, "mode": MODE, "quant": rung.file_type}
         return logits, stats
 
 
-@register_engine(NAME, modes=("off",), configurations=configurations)
+@register_engine(NAME, modes=(MODE,), configurations=configurations)
 def _llama_cpp_factory(engine: "Engine | None" = None, model: str | None = None, **_: Any) -> LlamaCppAdapter:
     return LlamaCppAdapter(need_engine(NAME, engine), model)
