@@ -384,8 +384,9 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
                    help="comma-separated sensitivities, e.g. 0.25,0.5,1.0 (default: the suites' own)")
     p.add_argument("--mode", default=None, metavar="LIST",
                    help="comma-separated modes, e.g. lossy,lossless (default: lossy)")
-    p.add_argument("--results", default="results", metavar="DIR",
-                   help="results folder: records go to DIR/runs, the leaderboard to DIR")
+    p.add_argument("--results", default="results/local", metavar="DIR",
+                   help="results folder: records go to DIR/runs, the leaderboard to DIR "
+                        "(results/local is git-ignored; pass results to publish)")
     p.add_argument("--suites", default=None, help="suites folder (default: ./suites, else the checkout's)")
     p.add_argument("-m", dest="markers", default=None, metavar="EXPR",
                    help="pytest marker expression to select suites (default: all)")
