@@ -166,9 +166,7 @@ def test_no_model_errors_never_import_torch() -> None:
     assert "Traceback" not in proc.stderr
 
 
-_HELP_GAPS = {  # strict: once the help is written these XPASS and fail, so the marker goes too
-    "serve": "reference_engine/server/main.py: --host has no help text",
-}
+_HELP_GAPS: dict[str, str] = {}  # strict xfails for known gaps: once the help is written they XPASS and fail
 
 
 @pytest.mark.parametrize("name", [

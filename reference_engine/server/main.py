@@ -64,7 +64,8 @@ def _unit(name: str):
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="local Llama-family folder or .gguf (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: a free one, printed on stderr)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the engine's name)")
     p.add_argument("--sensitivity", type=_unit("--sensitivity"), default=0.5, help="default sensitivity in [0, 1]")
