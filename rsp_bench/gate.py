@@ -273,12 +273,25 @@ class GateReport:
         return sum(1 for row in self.rows if row["verdict"] in ("ok", "improved", "regressed"))
 
     def ci_problems(self) -> list[str]:
-        """Why CI mode fails a comparison that passed: configurations with no baseline, or
-        nothing gated at all. Empty when there is nothing to object to."""
+        """Why CI mode fails a comparison that passed: configurations with no baseline, a
+        deterministic (quality) figure that improved past its tolerance, or nothing gated at
+        all. Empty when there is nothing to object to.
+
+        An improved quality figure fails CI because greedy quality figures do not move by
+        themselves: a configuration that now scores better computes something else than its
+        baseline says (a swapped quantization, a changed kernel), and the change must land with
+        its new baseline (``--rsp-update-baseline``), not pass silently. Timing figures that
+        improved do not fail: they move with the machine."""
         problems = []
         new = sorted({row["config"] for row in self.rows if row["verdict"] == "new" and row["metric"] == "(all)"})
         if new:
             problems.append(f"{len(new)} configuration(s) have no baseline: {', '.join(new)}")
+        moved = [f"{row['config']} {row['metric']}" for row in self.rows
+                 if row["verdict"] == "improved" and metric_scope(row["metric"]) == "model"]
+        if moved:
+            problems.append(f"{len(moved)} quality figure(s) improved past their tolerance, so the baseline no longer "
+                            f"describes what runs (update it with the change): {', '.join(moved[:6])}"
+                            + (f" and {len(moved) - 6} more" if len(moved) > 6 else ""))
         if self.gated_count == 0:
             problems.append("no metric was gated")
         return problems

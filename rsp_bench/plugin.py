@@ -589,7 +589,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         state.failed_gate = True
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     elif options.ci and report.ci_problems():
-        fail("; ".join(report.ci_problems()) + " (--rsp-ci)")
+        fail("in CI mode (--rsp-ci), although no figure regressed: " + "; ".join(report.ci_problems()))
 
 
 # The figures that fit on one line per configuration; the record holds everything.
@@ -627,4 +627,4 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for line in state.summary:
         terminalreporter.write_line(line)
     if state.failed_gate:
-        terminalreporter.write_line("rsp-bench: regression against the baseline: session FAILED", red=True, bold=True)
+        terminalreporter.write_line("rsp-bench: the gate failed (reason above): session FAILED", red=True, bold=True)

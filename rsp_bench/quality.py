@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -474,12 +475,20 @@ def _parse_bounds(table: Any, where: str, metric_names: frozenset[str]) -> dict[
     return bounds
 
 
+# Modes whose sub-tables are named by a configuration variant (the last part of the config id,
+# e.g. the llama-cpp rung "q8_0" of llama-cpp/q8_0) instead of by a sensitivity.
+VARIANT_MODES = ("quant",)
+_VARIANT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
 def load_budgets(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check a budgets TOML file (suites/budgets.toml); unknown keys are errors.
 
     Layout: a table per mode (``[off]``, ``[lossless]``, ``[lossy]``). Bounds written in the
     mode table hold for every sensitivity; a sub-table named by a sensitivity
-    (``[lossy."0.50"]``) adds or overrides bounds for that sensitivity only. Keys are
+    (``[lossy."0.50"]``) adds or overrides bounds for that sensitivity only. The ``[quant]``
+    mode (llama-cpp rungs) is named by variant instead: ``[quant."q8_0"]`` holds the bounds of
+    ``llama-cpp/q8_0``. Keys are
     ``<metric>_min`` / ``<metric>_max`` for metrics the suites record.
     Returns ``{mode: {"all": {key: Budget}, "by_sensitivity": {float: {key: Budget}}}}``.
     """
@@ -499,8 +508,16 @@ def load_budgets(path: str | os.PathLike[str]) -> dict[str, Any]:
         scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
         entry: dict[str, Any] = {"all": _parse_bounds(scalars, f"{path}: [{mode}]", KNOWN_METRICS),
                                  "by_sensitivity": {}}
+        entry["by_variant"] = {}
         for key, sub in table.items():
             if not isinstance(sub, dict):
+                continue
+            where = f"{path}: [{mode}.\"{key}\"]"
+            if mode in VARIANT_MODES:
+                if not _VARIANT_NAME.match(key):
+                    raise HarnessInputError(f"{where} must be named by a configuration variant such as a llama-cpp "
+                                            f"rung (lower case, e.g. \"q8_0\"), got {key!r}")
+                entry["by_variant"][key] = _parse_bounds(sub, where, KNOWN_METRICS)
                 continue
             try:
                 s = float(key)
@@ -508,7 +525,7 @@ def load_budgets(path: str | os.PathLike[str]) -> dict[str, Any]:
                 s = math.nan
             if not (0.0 <= s <= 1.0):
                 raise HarnessInputError(f"{path}: [{mode}.{key!r}] must be named by a sensitivity in [0, 1]")
-            entry["by_sensitivity"][s] = _parse_bounds(sub, f"{path}: [{mode}.\"{key}\"]", KNOWN_METRICS)
+            entry["by_sensitivity"][s] = _parse_bounds(sub, where, KNOWN_METRICS)
         budgets[mode] = entry
     return budgets
 
@@ -521,6 +538,15 @@ def budget_for(budgets: Mapping[str, Any], spec: ConfigSpec) -> list[Budget] | N
         return None
     bounds = dict(entry["all"])
     specific = None
+    if spec.mode in VARIANT_MODES:
+        # llama-cpp/q8_0 -> "q8_0": a quantized rung is judged by its own bounds, and a rung
+        # the file does not name has none (its figures are recorded, and the gate still runs).
+        variant = spec.config_id.rsplit("/", 1)[-1]
+        specific = entry.get("by_variant", {}).get(variant)
+        if specific is None:
+            return None
+        bounds.update(specific)
+        return list(bounds.values()) or None
     if spec.sensitivity is not None:
         specific = next((b for s, b in entry["by_sensitivity"].items() if abs(s - spec.sensitivity) < 1e-9), None)
         if specific is not None:

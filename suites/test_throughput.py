@@ -174,6 +174,11 @@ def test_throughput_record(batch, benches, rsp_engine, rsp_record, roofline):
             _add(rsp_record, name, speed.metric_name(metric, batch), fig, ident[name])
         if name == speed.HF_ID:
             continue  # same weights, same work as reference/off: its projection is that one
+        if ident[name][1] == "quant":
+            # The profiles price the reference engine's fp16 trace; a quantized llama.cpp rung
+            # reads other bytes through other kernels, which nothing here models: no projection
+            # rather than a wrong one.
+            continue
         trace = metrics.get("trace_blocks_per_step")
         pruned = trace is not None and ident[name][1] != "off"
         # priced from the trace alone (not the router's measured host time), so a projected

@@ -317,3 +317,15 @@ def test_ci_problems_name_configurations_without_a_baseline_and_empty_comparison
     disjoint = compare(base, _record(configs=("other/off",)))
     assert "no metric was gated" in disjoint.ci_problems()
     assert compare(base, _record(top1=0.9)).ci_problems() == []
+
+
+def test_ci_mode_fails_a_quality_figure_that_improved_but_not_a_faster_run() -> None:
+    # A swapped quantization that happens to score better is still a changed engine: CI wants
+    # its new baseline in the same change. A faster run is the machine's business.
+    base = _record(top1=0.90, speedups=[1.0] * 8)
+    better = compare(base, _record(top1=0.95, speedups=[1.0] * 8))
+    assert better.passed and _verdict(better, "top1_agreement") == "improved"
+    [problem] = better.ci_problems()
+    assert "1 quality figure(s) improved" in problem and f"{LOSSY} top1_agreement" in problem
+    faster = compare(base, _record(top1=0.90, speedups=[1.5] * 8))
+    assert _verdict(faster, "speedup_vs_off") == "improved" and faster.ci_problems() == []

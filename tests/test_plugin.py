@@ -171,7 +171,7 @@ def test_gate_failure_turns_the_session_red(pytester: pytest.Pytester, tiny_mode
     result = pytester.runpytest(*base_args)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*reference/lossy/s=0.50*top1_agreement*0.9*0.5*REGRESSED*",
-                                 "*rsp-bench gate FAILED*", "*regression against the baseline*FAILED*"])
+                                 "*rsp-bench gate FAILED*", "*the gate failed*FAILED*"])
     assert load_record(baseline)["configurations"]["reference/lossy/s=0.50"]["metrics"]["top1_agreement"]["value"] == 0.9
     assert len(_runs(pytester.path / "out")) == 4  # every session keeps its record, red or green
 

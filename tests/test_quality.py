@@ -278,7 +278,7 @@ def test_every_repository_budget_fails_on_planted_worst_case_outputs() -> None:
     budgets = load_budgets(REPO / "suites" / "budgets.toml")
     checked = 0
     for mode, entry in budgets.items():
-        for bounds in [entry["all"], *entry["by_sensitivity"].values()]:
+        for bounds in [entry["all"], *entry["by_sensitivity"].values(), *entry["by_variant"].values()]:
             for b in bounds.values():
                 # min bounds must break on the worst output; max bounds on a delta (pruning
                 # must not answer *better*) on perfect answers; other max bounds on the worst.
@@ -286,7 +286,24 @@ def test_every_repository_budget_fails_on_planted_worst_case_outputs() -> None:
                 failures = check_budget(planted, [b])
                 assert failures and "cannot fail" not in failures[0], f"{b.describe()} does not fail: {failures}"
                 checked += 1
-    assert checked >= 20
+    assert checked >= 36  # 20 for the reference's modes, 16 for the four llama-cpp rungs
+
+
+def test_quant_budgets_are_named_by_rung_and_refuse_a_bad_name() -> None:
+    from rsp_bench.engines import ConfigSpec
+
+    budgets = load_budgets(REPO / "suites" / "budgets.toml")
+    q8 = budget_for(budgets, ConfigSpec("llama-cpp/q8_0", "llama-cpp", "quant", None, {"quant": "q8_0"}))
+    assert q8 and {b.metric for b in q8} >= {"top1_agreement", "kl_mean"}
+    # a rung the file does not name (a deployment's own name, say) has no bounds of its own
+    assert budget_for(budgets, ConfigSpec("llama-cpp/prod", "llama-cpp", "quant", None, {"quant": "q8_0"})) is None
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "b.toml"
+        path.write_text('[quant."Q8 0"]\ntop1_agreement_min = 0.9\n')
+        with pytest.raises(HarnessInputError, match="named by a configuration variant.*'Q8 0'"):
+            load_budgets(path)
 
 
 def test_a_budget_that_cannot_fail_on_the_set_is_refused() -> None:

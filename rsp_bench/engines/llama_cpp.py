@@ -143,6 +143,7 @@ class LlamaCppAdapter:
         self.cache_dir = cache_dir
         self._files: dict[str, RungFile] | None = None
         self._llamas: dict[str, Any] = {}
+        self._weight_bytes: dict[str, int] = {}
 
     # ---- configurations and files
 
@@ -167,6 +168,14 @@ class LlamaCppAdapter:
                 "system_info": self.llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
                 "rungs": {name: {"quant": r.file_type, "gguf_sha256": files[r.file_type].sha256,
                                  "size": files[r.file_type].size} for name, r in self.rungs.items()}}
+
+    def weight_bytes(self, rung: Rung, llm: Any) -> int:
+        """Bytes of weights one decode step reads: llama.cpp's own tensor total for this rung
+        (``llama_model_size``). The embedding is tied to the LM head, which reads it whole every
+        token, so every tensor is read once per step (the prompt's embedding rows aside)."""
+        if rung.file_type not in self._weight_bytes:
+            self._weight_bytes[rung.file_type] = int(self.llama_cpp.llama_model_size(llm.model))
+        return self._weight_bytes[rung.file_type]
 
     def _rung(self, spec: ConfigSpec) -> Rung:
         if spec.engine != NAME or spec.mode != MODE:
@@ -254,7 +263,7 @@ class LlamaCppAdapter:
                      "blocks": self.engine.dims.n_layers, "degraded": False, "degraded_reason": None,
                      "mode": MODE, "sensitivity": None, "prompt_tokens": len(ids), "batch_size": 1,
                      "decode_time_s": prefill_s + sum(steps), "quant": rung.file_type,
-                     "n_threads": self.n_threads}
+                     "n_threads": self.n_threads, "weight_bytes_per_token": self.weight_bytes(rung, llm)}
             if len(prompts) == 1:
                 # rsp_bench.speed reads these as the timings of the whole call (one batch). Several
                 # prompts run one after the other, so no one prompt's times are the call's: the

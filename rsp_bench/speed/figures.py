@@ -198,9 +198,16 @@ def bench_figures(bench: InterleavedBench, engine: Any = None, roofline: Rooflin
                 figs["speedup_over_ideal"] = _m(
                     measured_over_ideal(figs["speedup_vs_off"]["value"], ideal),
                     figs["speedup_vs_off"]["n"], "x")
+        # An engine that stores its weights in another format (a llama.cpp quantized rung) says
+        # how many weight bytes a decode step reads; the fp32 shape would overstate its bandwidth
+        # by up to 7x.
+        own_bytes = {c.stats.get("weight_bytes_per_token") for c in calls if c.stats}
         if shape is not None and blocks is not None:
             steps_per_s = 1.0 / (s["tpot_ms_p50"] / 1000.0)
-            bpt = bytes_per_token(shape, 4, blocks, kind, rank)
+            if len(own_bytes) == 1 and None not in own_bytes:
+                bpt = float(own_bytes.pop())
+            else:
+                bpt = bytes_per_token(shape, 4, blocks, kind, rank)
             gbs = achieved_bandwidth_gbs(bpt, steps_per_s)
             figs["achieved_bandwidth_gbs"] = _m(gbs, s["steps"], "GB/s")
             if roofline is not None:
