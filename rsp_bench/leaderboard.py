@@ -56,6 +56,8 @@ __all__ = [
 MISSING = "—"
 ANCHOR = "reference/off"
 PLOT_NAME = "quality_vs_speed.png"
+_MAIN_METRICS = ("exact_match_rate", "top1_agreement", "kl_mean", "squad_f1_delta", "json_field_f1_delta",
+                 "speedup_vs_off", "decode_tokens_per_s")
 MAX_CHANGES = 12  # lines of the "what changed" list per section; the rest are counted
 
 
@@ -198,10 +200,21 @@ def sections(records: Iterable[Mapping[str, Any]]) -> tuple[list[Section], int]:
         recs = sorted(grouped[key], key=record_sort_key, reverse=True)
         machines[key] = recs[0]["machine"]
         section = Section(key[0], machines[key], key[2], recs)
-        seen: set[str] = set()
-        for record in recs:  # newest first: the first record holding a configuration wins
+        # Newest first: the first record holding a configuration's main figures wins; one that
+        # holds only side figures (say, degradation rates) wins only where no record has more.
+        chosen: dict[str, tuple[int, dict[str, Any]]] = {}
+        for rank, record in enumerate(recs):
             for config_id, config in record["configurations"].items():
-                if config_id in seen or not config["metrics"]:
+                if not config["metrics"]:
+                    continue
+                main = any(k in config["metrics"] for k in _MAIN_METRICS)
+                held = chosen.get(config_id)
+                if held is None or (main and not any(k in held[1]["metrics"] for k in _MAIN_METRICS)):
+                    chosen[config_id] = (rank, config)
+        seen: set[str] = set()
+        for rank, record in enumerate(recs):
+            for config_id, config in record["configurations"].items():
+                if config_id in seen or chosen.get(config_id, (None,))[0] != rank:
                     continue
                 seen.add(config_id)
                 section.entries.append(Entry(

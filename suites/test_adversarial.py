@@ -86,7 +86,9 @@ from rsp_bench import datasets as ds
 from rsp_bench.adversarial import STRATEGIES
 from rsp_bench.metrics import wilson_interval
 
-pytestmark = pytest.mark.adversarial
+# reference_only: it exercises the reference engine's own protective degradation, whatever
+# --rsp-engine is under test (another engine's run would only repeat the reference's figures).
+pytestmark = [pytest.mark.adversarial, pytest.mark.reference_only]
 
 
 # --------------------------------------------------------------------------- sizes, profile

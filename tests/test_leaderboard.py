@@ -288,3 +288,17 @@ def test_rsp_bench_run_rebuilds_the_leaderboard_from_its_results_folder(tmp_path
     monkeypatch.setattr(pytest_module, "main", lambda argv: 0)  # the suites themselves are not under test
     assert cli.main(["run", "--results", str(tmp_path), "--suites", str(tmp_path / "suites")]) == 0
     assert f"Built from {len(_records())} run record(s)" in (tmp_path / "leaderboard.md").read_text()
+
+
+def test_a_newer_record_with_only_side_figures_does_not_hide_the_main_row() -> None:
+    full = _record("20250101T000000Z-000001", "2025-01-01T00:00:00+00:00", {
+        "reference/off": {"top1_agreement": 1.0, "decode_tokens_per_s": 12.0},
+        "reference/lossy/s=0.50": {"top1_agreement": 0.91, "speedup_vs_off": 1.25}})
+    side = _record("20250201T000000Z-000002", "2025-02-01T00:00:00+00:00", {
+        "reference/off": {"top1_agreement": 1.0, "decode_tokens_per_s": 13.0},
+        "reference/lossy/s=0.50": {"degradation_detection_rate": 1.0}})
+    [section], _ = sections([full, side])
+    lossy = next(e for e in section.entries if e.config == "reference/lossy/s=0.50")
+    assert lossy.run_id == "20250101T000000Z-000001" and lossy.value("top1_agreement") == 0.91
+    off = next(e for e in section.entries if e.config == "reference/off")
+    assert off.run_id == "20250201T000000Z-000002"  # the newest with main figures still wins
