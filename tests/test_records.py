@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +142,7 @@ def test_build_refuses_a_record_without_a_model_name() -> None:
 
 def test_fingerprint_ignores_hostname_and_small_memory_differences(monkeypatch: pytest.MonkeyPatch) -> None:
     first = rec.machine_info(gpu=None)
-    monkeypatch.setattr(rec.socket, "gethostname", lambda: "another-ci-runner")
+    monkeypatch.setattr(socket, "gethostname", lambda: "another-ci-runner")
     second = rec.machine_info(gpu=None)
     assert second["hostname"] == "another-ci-runner"
     assert first["fingerprint"] == second["fingerprint"]
