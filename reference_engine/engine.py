@@ -204,7 +204,11 @@ class Engine:
     # ---- the loop ----
     def _run(self, rows: list[_Row], max_new: int, cfg: PruningConfig, temperature: float,
              seed: int | None, forced: list[list[int]] | None, log_file: IO[str] | None,
-             keep_logits: bool = False) -> list[GenerationResult]:
+             keep_logits: bool = False,
+             on_token: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
+        """``on_token(row, index, token_id)``, when given, is called as each token is chosen (the
+        server streams with it). A lossy request that degrades after the fact is rerun in full,
+        and the rerun calls it again from index 0: a caller that streamed must compare."""
         w, dims, B = self.weights, self.dims, len(rows)
         check_rows_fit(rows, max_new, dims.max_positions)
         t_start = time.perf_counter()
@@ -260,6 +264,8 @@ class Engine:
             for b in range(B):
                 if not done[b]:
                     out[b].append(toks[b])
+                    if on_token is not None:
+                        on_token(b, len(out[b]) - 1, toks[b])
                     if forced is None and toks[b] == self.eos_id:
                         done[b] = True
             if all(done) or step == max_new - 1:
@@ -292,7 +298,7 @@ class Engine:
                 # Instability is only known after the fact: rerun the request in full so the
                 # output is exactly the unpruned one, as degradation promises.
                 return self._rerun_degraded(rows, max_new, cfg, temperature, seed, forced, log_file, reason,
-                                            keep_logits)
+                                            keep_logits, on_token)
 
         t_end = time.perf_counter()
         results = []
@@ -325,9 +331,10 @@ class Engine:
         self._emit_logs(cfg, results, detail_lines, log_file)
         return results
 
-    def _rerun_degraded(self, rows, max_new, cfg, temperature, seed, forced, log_file, reason, keep_logits=False):
+    def _rerun_degraded(self, rows, max_new, cfg, temperature, seed, forced, log_file, reason, keep_logits=False,
+                        on_token=None):
         results = self._run(rows, max_new, cfg.override(mode="off", log_level="NONE"), temperature, seed, forced, None,
-                            keep_logits)
+                            keep_logits, on_token)
         for r, res in zip(rows, results):
             res.stats.update(degraded=True, degraded_reason=r.degraded_reason or reason,
                              mode=cfg.mode, sensitivity=cfg.sensitivity)

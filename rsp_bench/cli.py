@@ -474,6 +474,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
         "leaderboard": ("rebuild leaderboard tables from run records", *lazy("leaderboard", "configure_leaderboard_parser", "run_leaderboard")),
         "baseline": ("update or show baselines", *lazy("baselines", "configure_baseline_parser", "run_baseline")),
         "tune": ("sweep sensitivity and recommend one", *lazy("tune", "configure_tune_parser", "run_tune")),
+        "loadtest": ("bounded concurrent load against an OpenAI-compatible server, checked",
+                     *lazy("loadtest", "configure_parser", "run")),
         # The server lives beside the engine it serves (it must not import the harness).
         "serve": ("serve the reference engine over an OpenAI-compatible HTTP API",
                   lambda p: __import__("reference_engine.server.main", fromlist=["run"]).configure_parser(p),

@@ -34,7 +34,10 @@ from rsp_bench.engines import ConfigSpec, format_config_id, pruning_config
 from rsp_bench.metrics import token_nll
 from rsp_bench.quality import equivalence_metrics, record_metrics
 
-pytestmark = pytest.mark.equivalence
+# reference_only: it serves the reference engine (and runs llama-cpp-python's server), whatever
+# --rsp-engine is under test; `--rsp-engine openai --rsp-engine-url` puts any server through the
+# equivalence and extraction suites instead.
+pytestmark = [pytest.mark.equivalence, pytest.mark.reference_only]
 
 QUICK_PROMPTS, QUICK_NEW_TOKENS = 4, 16
 FULL_PROMPTS, FULL_NEW_TOKENS = 16, 32
@@ -165,3 +168,114 @@ def test_stock_lm_eval_clients_against_served(served_adapter, rsp_engine, rsp_pe
     lossy = ConfigSpec("reference/lossy/s=0.50", "reference", "lossy", 0.5, {}, pruning_config("lossy", 0.5))
     [local] = rsp_adapter_for("reference").generate([sample["doc"]["prompt"]], 16, lossy)
     assert sample["resps"][0][0] == local.text.split("\n\n")[0], "lm-eval's generation differs from the in-process engine's"
+
+
+# ---------------------------------------------------------------- a server nobody here wrote
+
+LLAMA_NAME = "served-llama-cpp"
+LLAMA_INSTALL = "pip install -e '.[llama-cpp]' (llama-cpp-python[server]: sse-starlette, starlette-context, pydantic-settings)"
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_adapter(rsp_options, rsp_engine):
+    """llama-cpp-python's own OpenAI server on the F32 GGUF of the reference weights (the ladder's
+    F32 rung: the model the reference computes), on a free port of 127.0.0.1, behind the adapter.
+
+    Started without ``--chat_format chatml``: that format drops SmolLM2's default system prompt
+    (21 prompt tokens where the reference template has 37), so the greedy answers would answer
+    another prompt; without it the server applies the GGUF's own template, the reference's.
+    F32, not a quantized rung: the server has no option for llama.cpp's extra buffer types, and
+    quantized rungs SIGILL on this CPU with them on."""
+    pytest.importorskip("openai", reason="the 'serve' extra is not installed")
+    try:
+        import llama_cpp.server.app  # noqa: F401
+    except Exception as exc:  # ImportError, or the server's own imports failing
+        pytest.skip(f"llama_cpp.server is not importable ({type(exc).__name__}); install with {LLAMA_INSTALL}")
+    if rsp_options.engine == "openai":
+        pytest.skip("--rsp-engine openai: the other suites measure the server already")
+    from rsp_bench.engines.openai_engine import ExternalServer, OpenAIAdapter
+    from rsp_bench.gguf_ladder import build_ladder, source_gguf
+
+    gguf = build_ladder(source_gguf(None), ["f32"])["f32"].path
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--logits_all", "true",
+           "--n_ctx", "2048", "--n_threads", "2", "--seed", "0"]
+    with ExternalServer(cmd) as url:
+        # its repeat_penalty defaults to 1.1 (not an OpenAI field): greedy answers need 1.0
+        yield OpenAIAdapter(rsp_engine, url + "/v1", generation_extra={"repeat_penalty": 1.0})
+
+
+def test_llama_cpp_server_through_openai_adapter(llama_cpp_adapter, served_sizes, rsp_reference_outputs,
+                                                 rsp_record) -> None:
+    """The adapter against llama-cpp-python's server, pruning off: greedy answers, top-1 agreement
+    and the truncated KL (top-N) against the in-process reference. The server takes no token-id
+    prompt (500), so teacher forcing goes as text and the token counts and echoed token strings
+    are checked; what could not be verified is recorded (``unverified`` notes)."""
+    from rsp_bench.engines.openai_engine import truncated_kl_mean
+
+    adapter = llama_cpp_adapter
+    prompts, max_new = served_sizes
+    reference = rsp_reference_outputs.get("served", prompts, max_new, with_logits=True)
+    spec = ConfigSpec(format_config_id(LLAMA_NAME, "off", None), LLAMA_NAME, "off", None,
+                      {"top_n": adapter.top_n, "gguf": "f32"}, pruning_config("off", None))
+    got = equivalence_metrics(adapter, spec, prompts, reference, max_new)
+    trunc = truncated_kl_mean(adapter, spec, reference)
+    for name in ("kl_mean", "kl_p99"):
+        got.pop(name, None)
+    got["kl_mean_truncated"] = trunc
+    record_metrics(rsp_record, spec, got)
+
+    # what this server cannot give, each recorded once, and nothing else
+    assert adapter.token_id_prompts is False  # it answered token-id prompts with an error
+    notes = "\n".join(adapter.unverified)
+    assert "rejected token-id prompts" in notes
+    assert "no X-Pruning-Stats header" in notes
+    assert "echoed" not in notes or "aligned from the end" in notes
+    assert "differ" not in notes, adapter.unverified  # counts and token strings all matched
+    assert "server saw" not in notes and "server counted" not in notes, adapter.unverified
+    # the same weights in another implementation: the same argmax everywhere, a tiny KL
+    assert got["top1_agreement"].value >= 0.99, got["top1_agreement"]
+    assert trunc.value < 1e-3, trunc
+    assert got["exact_match_rate"].value == 1.0, got["exact_match_rate"]
+
+
+# ---------------------------------------------------------------- bounded load
+
+
+def test_served_bounded_load(rsp_options, rsp_record) -> None:
+    """``rsp_bench.loadtest`` against ``rsp-bench serve --max-queue 4``: 4 clients, 12 requests,
+    8 tokens: nothing lost or duplicated, every answer equal to the single-request one, the 429
+    burst rejected with Retry-After and recovered; latency, tokens/s and bypass ratio recorded."""
+    pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
+    pytest.importorskip("httpx", reason="the 'serve' extra is not installed")
+    if rsp_options.engine == "openai":
+        pytest.skip("--rsp-engine openai: the other suites measure the server already")
+    from rsp_bench.engines.openai_engine import ServedProcess
+    from rsp_bench.loadtest import LoadConfig, run_loadtest
+
+    prompts = [p.text for p in ds.quick_subset(ds.load_prompts(), 4, seed=rsp_options.subset_seed)]
+    headers = {"X-Pruning-Mode": "lossy", "X-Pruning-Sensitivity": "0.5", "X-Pruning-Hardware-Watermark": "0",
+               "X-Pruning-Log-Level": "NONE"}
+    args = ["--max-queue", "4", "--log-level", "NONE", "--hardware-watermark", "0"]
+    if rsp_options.model:
+        args += ["--model", str(rsp_options.model)]
+    with ServedProcess(args) as url:
+        rec = run_loadtest(url + "/v1", LoadConfig(prompts, requests=12, clients=4, max_tokens=8, headers=headers))
+    load, burst = rec["load"], rec["burst"]
+    cid = format_config_id("served-reference-load", "lossy", 0.5)
+    params = {"clients": 4, "requests": 12, "max_tokens": 8, "max_queue": 4}
+    for name, value, unit in (("load_latency_p50_s", load["latency_p50_s"], "s"),
+                              ("load_latency_p99_s", load["latency_p99_s"], "s"),
+                              ("load_tokens_per_s", load["tokens_per_s"], "tokens/s"),
+                              ("load_bypass_ratio", load["bypass_ratio"], "fraction"),
+                              ("load_greedy_match_rate", 1.0 - len(load["mismatches"]) / max(load["succeeded"], 1),
+                               "fraction"),
+                              ("load_burst_429", burst.get("rejected_429"), "count"),
+                              ("load_burst_recovered", burst.get("recovered"), "count")):
+        rsp_record.add_metric(cid, name, value, load["requests"], unit=unit, engine="served-reference-load", mode="lossy",
+                              sensitivity=0.5, params=params)
+    assert rec["passed"], {k: v for k, v in rec["checks"].items() if not v} or rec
+    assert load["succeeded"] == 12 and load["mismatches"] == []
+    # each prompt 3 times under load, once alone: the same pruning, so the same ratio
+    assert load["bypass_ratio"] == pytest.approx(load["bypass_ratio_single"], abs=1e-12)
+    assert burst["ran"] and burst["rejected_429"] >= 1 and burst["recovered"] == burst["rejected_429"]
+    assert burst["retry_after"] == ["1"] and burst["queue_depth_after"] == 0

@@ -86,13 +86,35 @@ def test_stream_ends_with_done_and_matches(client):
     plain = chat(client).json()["choices"][0]["message"]["content"]
     r = chat(client, stream=True, stream_options={"include_usage": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    assert "X-Pruning-Stats" in r.headers
+    # streamed live: the stats are known only at the end, so they come in the last chunks
+    assert "X-Pruning-Stats" not in r.headers and "X-Request-Id" in r.headers
     events = [line[len("data: "):] for line in r.text.split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == plain
     assert chunks[-1]["usage"]["completion_tokens"] >= 1
+    assert chunks[-1]["pruning"]["total_tokens"] == chunks[-1]["usage"]["completion_tokens"]
+    assert chunks[-2]["choices"][0]["finish_reason"] in ("stop", "length") and "pruning" in chunks[-2]
+
+
+def test_stream_stop_string_and_logprobs_fallback(client):
+    plain = chat(client, max_tokens=8).json()["choices"][0]["message"]["content"]
+    if len(plain) < 4:
+        pytest.skip("the tiny model's answer is too short to cut")
+    stop = plain[2:4]
+    want = chat(client, max_tokens=8, stop=[stop]).json()["choices"][0]["message"]["content"]
+    for extra in ({}, {"logprobs": True}):  # live, and buffered (stream with logprobs)
+        r = chat(client, max_tokens=8, stop=[stop], stream=True, **extra)
+        chunks = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: {")]
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == want
+
+
+def test_stream_safe_text():
+    assert runner.stream_safe_text("hello wor", ["world"]) == ("hello ", False)
+    assert runner.stream_safe_text("hello world!", ["world"]) == ("hello ", True)
+    assert runner.stream_safe_text("ab\ufffd", []) == ("ab", False)
+    assert runner.stream_safe_text("abc", ["x"]) == ("abc", False)
 
 
 def test_chat_logprobs(client):
@@ -356,3 +378,20 @@ def test_real_server_with_official_client(served, monkeypatch):
     with ThreadPoolExecutor(16) as pool:
         counts = list(pool.map(one, range(16)))
     assert len(counts) == 16 and all(c >= 1 for c in counts)
+
+
+def test_real_server_streams_tokens_as_decoded(served):
+    """Chunks leave as tokens are decoded: the first arrives well before the last (a server that
+    sent them after the whole completion shows them all within a few milliseconds)."""
+    from rsp_bench.engines import pruning_config
+    from rsp_bench.engines.base import ConfigSpec
+    from rsp_bench.engines.openai_engine import OpenAIAdapter
+
+    adapter = OpenAIAdapter(None, served + "/v1")  # streaming needs no reference tokenizer
+    spec = ConfigSpec("x/off", "openai", "off", None, {}, pruning_config("off", None))
+    got = adapter.stream_timings("Write a long story about a cat who learns to fly.", 24, spec)
+    times = got["chunk_times_s"]
+    assert len(times) >= 12, got
+    spread = times[-1] - times[0]
+    assert spread > 0.5 * (got["total_s"] - got["ttft_s"]) and spread > 0.1, got
+    assert got["tpot_s"] > 0.002 and got["pruning"]["total_tokens"] == 24

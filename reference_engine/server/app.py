@@ -127,14 +127,23 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
             return None
         return runner.TaggedLog(settings.log_file, request.state.request_id, log_lock)
 
+    def queue_full() -> APIError:
+        metrics.rejected.inc()
+        return APIError(429, f"the request queue is full ({worker.max_queue} requests waiting or running); "
+                             f"retry after {settings.retry_after_s} s", None, "rate_limit_error", "queue_full",
+                        {"Retry-After": str(settings.retry_after_s)})
+
     async def run(request: Request, fn) -> Any:
         try:
             return await runner.run_guarded(worker, fn, request.is_disconnected)
         except runner.QueueFull:
-            metrics.rejected.inc()
-            raise APIError(429, f"the request queue is full ({worker.max_queue} requests waiting or running); "
-                                f"retry after {settings.retry_after_s} s", None, "rate_limit_error", "queue_full",
-                           {"Retry-After": str(settings.retry_after_s)}) from None
+            raise queue_full() from None
+
+    def submit(fn) -> "asyncio.Future[Any]":
+        try:
+            return worker.submit(fn)
+        except runner.QueueFull:
+            raise queue_full() from None
 
     def tok_str(t: int, as_ids: bool = False) -> str:
         return f"token_id:{t}" if as_ids else engine.tokenizer.decode([t], skip_special_tokens=False)
@@ -144,6 +153,78 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
 
     def headers_for(request: Request, stats: dict[str, Any]) -> dict[str, str]:
         return {"X-Pruning-Stats": stats_header(stats), "X-Request-Id": request.state.request_id}
+
+    def live_stream(request: Request, body: S.ChatCompletionRequest, ids: list[int], prompt_text: str,
+                    max_tokens: int, cfg: PruningConfig, lf: IO[str] | None) -> StreamingResponse:
+        """A chat stream whose chunks leave as the engine decodes (the engine's ``on_token``
+        hook feeds an asyncio queue from the worker thread). The pruning stats are known only at
+        the end: they come in the last chunk's ``pruning`` object (and the usage chunk), not in
+        an ``X-Pruning-Stats`` header. A lossy request the router degrades after the fact is
+        rerun unpruned; the stream goes on from the rerun when it agrees with what was sent,
+        else it ends with an error event (never a silently different answer)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+        stop = stop_list(body.stop)
+
+        def on_token(row: int, index: int, token: int) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (index, token))
+
+        def work() -> runner.Generated:
+            return runner.run_completion(engine, ids, prompt_text, max_tokens, cfg, float(body.temperature or 0.0),
+                                         body.seed, stop, False, False, None, lf, on_token)
+
+        fut = submit(work)
+        fut.add_done_callback(lambda _: queue.put_nowait(done))
+        rid = f"chatcmpl-{request.state.request_id}"
+        created = int(time.time())
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+            return _sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                         **extra})
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                yield chunk({"role": "assistant", "content": ""})
+                sent, toks = "", []
+                while (item := await queue.get()) is not done:
+                    index, token = item
+                    toks = toks[:index] + [token]
+                    safe, _ = runner.stream_safe_text(engine.decode(toks), stop)
+                    if len(safe) > len(sent) and safe.startswith(sent):
+                        yield chunk({"content": safe[len(sent):]})
+                        sent = safe
+                try:
+                    gen = fut.result()
+                except APIError as exc:
+                    yield _sse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
+                    yield "data: [DONE]\n\n"
+                    return
+                metrics.record(gen.stats, len(ids), len(gen.token_ids))
+                stats = S.PruningStats(**{k: gen.stats[k] for k in S.PruningStats.model_fields}).model_dump()
+                if not gen.text.startswith(sent):
+                    log.warning("request %s: the degraded rerun changed tokens already streamed", request.state.request_id)
+                    yield _sse({"error": {"message": "the router degraded this request after the fact and the unpruned "
+                                          "rerun differs from the tokens already streamed; retry without stream",
+                                          "type": "server_error", "param": None, "code": "stream_diverged"}})
+                    yield "data: [DONE]\n\n"
+                    return
+                if len(gen.text) > len(sent):
+                    yield chunk({"content": gen.text[len(sent):]})
+                yield chunk({}, gen.finish_reason, pruning=stats)
+                if include_usage:
+                    usage = S.Usage(prompt_tokens=len(ids), completion_tokens=len(gen.token_ids),
+                                    total_tokens=len(ids) + len(gen.token_ids))
+                    yield _sse({**base, "choices": [], "usage": usage.model_dump(), "pruning": stats})
+                yield "data: [DONE]\n\n"
+            finally:
+                if not fut.done():
+                    fut.cancel()  # the client went away: a queued request frees its slot
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"X-Request-Id": request.state.request_id})
 
     # ---- generation ----
     @app.post("/v1/chat/completions", response_model=S.ChatCompletionResponse)
@@ -174,6 +255,8 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
         users = [m["content"] for m in messages]
         prompt_text = users[0] if len(users) == 1 else "\n".join(users)
         lf = log_for(request)
+        if body.stream and not want_logprobs and cfg.mode != "lossless":
+            return live_stream(request, body, ids, prompt_text, max_tokens, cfg, lf)
         gen = await run(request, lambda: runner.run_completion(
             engine, ids, prompt_text, max_tokens, cfg, float(body.temperature or 0.0), body.seed,
             stop_list(body.stop), want_logprobs, False, None, lf))

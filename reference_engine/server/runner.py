@@ -83,6 +83,23 @@ async def run_guarded(worker: EngineWorker, fn: Callable[[], Any], is_disconnect
             raise asyncio.CancelledError()
 
 
+def stream_safe_text(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """What of ``text`` (the decoded output so far) may be sent now: (text, stopped). Cut at the
+    first stop string (stopped); else hold back a tail that could still become a stop string,
+    and a trailing U+FFFD (a character whose bytes are not all decoded yet)."""
+    hits = [text.find(s) for s in stop if s and s in text]
+    if hits:
+        return text[:min(hits)], True
+    keep = len(text)
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:n]):
+                keep = min(keep, len(text) - n)
+                break
+    out = text[:keep]
+    return out.rstrip("\ufffd"), False
+
+
 # ---------------------------------------------------------------- log records
 
 
@@ -165,7 +182,7 @@ def prompt_logits(engine: "Engine", ids: Sequence[int]) -> torch.Tensor:
 
 def generate_ids(engine: "Engine", prompt_text: str, ids: Sequence[int], max_new: int, cfg: PruningConfig,
                  temperature: float, seed: int | None, log_file: IO[str] | None,
-                 want_logits: bool) -> "GenerationResult":
+                 want_logits: bool, on_token: Callable[[int, int, int], None] | None = None) -> "GenerationResult":
     """``Engine.generate`` for already-templated token ids (the engine's own loop and checks).
 
     ``prompt_text`` is what the degradation text check and the density factor read; for a single
@@ -184,7 +201,8 @@ def generate_ids(engine: "Engine", prompt_text: str, ids: Sequence[int], max_new
         if want_logits and res.token_ids:  # lossless output is the unpruned model's by construction
             res.logits = engine.teacher_forced(list(ids), res.token_ids, cfg.override(mode="off", log_level="NONE")).logits
         return res
-    [res] = engine._run(rows, max_new, cfg, temperature, seed, None, log_file, keep_logits=want_logits)
+    [res] = engine._run(rows, max_new, cfg, temperature, seed, None, log_file, keep_logits=want_logits,
+                        on_token=on_token)
     return res
 
 
@@ -205,13 +223,15 @@ def apply_stop(engine: "Engine", token_ids: list[int], stop: Sequence[str]) -> t
 
 def run_completion(engine: "Engine", ids: list[int], prompt_text: str, max_tokens: int, cfg: PruningConfig,
                    temperature: float, seed: int | None, stop: Sequence[str], want_logits: bool,
-                   echo: bool, decode_from: int | None, log_file: IO[str] | None) -> Generated:
+                   echo: bool, decode_from: int | None, log_file: IO[str] | None,
+                   on_token: Callable[[int, int, int], None] | None = None) -> Generated:
     """One prompt of a (chat) completion request, everything the response needs."""
     n_layers = engine.dims.n_layers
     out = Generated(list(ids), [], {}, finish_reason="length")
     try:
         if max_tokens > 0:
-            res = generate_ids(engine, prompt_text, ids, max_tokens, cfg, temperature, seed, log_file, want_logits)
+            res = generate_ids(engine, prompt_text, ids, max_tokens, cfg, temperature, seed, log_file, want_logits,
+                               on_token)
             out.token_ids, out.stats, out.logits = list(res.token_ids), dict(res.stats), res.logits
             if out.token_ids and out.token_ids[-1] == engine.eos_id:
                 out.finish_reason = "stop"

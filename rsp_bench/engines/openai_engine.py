@@ -84,7 +84,8 @@ class OpenAIAdapter:
     batch_size = 1
 
     def __init__(self, engine: "Engine", url: str, served_model: str | None = None, top_n: int = DEFAULT_TOP_N,
-                 timeout_s: float = 300.0, api_key: str | None = None) -> None:
+                 timeout_s: float = 300.0, api_key: str | None = None,
+                 generation_extra: dict[str, Any] | None = None) -> None:
         try:
             import openai
         except ModuleNotFoundError as exc:
@@ -94,6 +95,9 @@ class OpenAIAdapter:
         if isinstance(top_n, bool) or not isinstance(top_n, int) or not 1 <= top_n <= 20:
             raise HarnessInputError(f"top_n must be an integer in [1, 20], got {top_n!r}")
         self.engine, self.url, self.top_n = engine, url.rstrip("/"), top_n
+        # Server-specific sampling fields sent with every generation, e.g. llama-cpp-python's
+        # {"repeat_penalty": 1.0}: its default 1.1 changes greedy answers (not an OpenAI field).
+        self.generation_extra = dict(generation_extra or {})
         self.client = openai.OpenAI(base_url=self.url, api_key=api_key or os.environ.get("OPENAI_API_KEY", "none"),
                                     max_retries=2, timeout=timeout_s)
         try:
@@ -105,6 +109,7 @@ class OpenAIAdapter:
         # (truncated KL) does not send the request twice.
         self._forced: "OrderedDict[tuple, tuple[Any, dict[str, Any]]]" = OrderedDict()
         self.unverified: list[str] = []  # what could not be checked, for the run record
+        self._by_text: dict[str, int | None] | None = None  # token text -> id (None: ambiguous)
 
     # ---- knobs ----
     def _headers(self, spec: ConfigSpec) -> dict[str, str]:
@@ -133,7 +138,7 @@ class OpenAIAdapter:
             raw = self.client.chat.completions.with_raw_response.create(
                 model=self.model, messages=[{"role": "user", "content": prompt}], max_tokens=max_new_tokens,
                 temperature=0, logprobs=True, top_logprobs=0, extra_headers=headers,
-                extra_body={"return_tokens_as_token_ids": True})
+                extra_body={"return_tokens_as_token_ids": True, **self.generation_extra})
             elapsed = time.perf_counter() - t0
             comp = raw.parse()
             choice = comp.choices[0]
@@ -142,10 +147,13 @@ class OpenAIAdapter:
             stats: dict[str, Any] = {"request_time_s": elapsed, "finish_reason": choice.finish_reason}
             if ids is None:
                 ids = list(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+                stats["token_ids_from_text"] = True
+                stats["token_ids_checked"] = self._check_retokenized(choice, ids, comp.usage)
                 if choice.finish_reason == "stop":
                     ids.append(self.engine.eos_id)
-                stats["token_ids_from_text"] = True
                 self._note("generated token ids re-tokenized from text (server gave no token ids)")
+                if not stats["token_ids_checked"]:
+                    self._note("re-tokenized generated ids differ from the server's own token strings or count")
             server = parse_stats_header(raw.headers.get("x-pruning-stats"))
             if server is not None:
                 stats.update(server)
@@ -158,6 +166,43 @@ class OpenAIAdapter:
                 self._note(f"server counted {n_prompt} prompt tokens where the reference template has {len(prompt_ids)}")
             outputs.append(Output(text, ids, list(prompt_ids), stats))
         return outputs
+
+    def stream_timings(self, prompt: str, max_new_tokens: int, spec: ConfigSpec) -> dict[str, Any]:
+        """One streamed chat completion at temperature 0: its text and, client side, the time to
+        the first content chunk (``ttft_s``), each content chunk's arrival (``chunk_times_s``,
+        from the request's start) and the time per output token after the first (``tpot_s``,
+        None with fewer than 2 chunks). A server that buffers its answer shows every chunk at
+        about the same time; ``rsp-bench serve`` sends each as it is decoded."""
+        t0 = time.perf_counter()
+        stream = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": prompt}], max_tokens=max_new_tokens,
+            temperature=0, stream=True, extra_headers=self._headers(spec), extra_body=dict(self.generation_extra))
+        times, parts, pruning = [], [], None
+        for chunk in stream:
+            extra = getattr(chunk, "model_extra", None) or {}
+            pruning = extra.get("pruning", pruning)
+            if chunk.choices and chunk.choices[0].delta.content:
+                times.append(time.perf_counter() - t0)
+                parts.append(chunk.choices[0].delta.content)
+        total = time.perf_counter() - t0
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+        return {"text": "".join(parts), "ttft_s": times[0] if times else None, "chunk_times_s": times,
+                "tpot_s": tpot, "total_s": total, "pruning": pruning}
+
+    def _check_retokenized(self, choice: Any, ids: list[int], usage: Any) -> bool:
+        """Re-tokenized ids against what the server says it generated: its per-token strings
+        (logprobs content, when sent) and its ``usage.completion_tokens`` (an end-of-sequence
+        token the server counts but does not print is allowed)."""
+        content = getattr(getattr(choice, "logprobs", None), "content", None)
+        if content:
+            theirs = [e.token for e in content]
+            ours = [self.engine.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+            if theirs[len(ours):] and all(not s for s in theirs[len(ours):]):
+                theirs = theirs[:len(ours)]  # a special token printed as ""
+            if theirs != ours:
+                return False
+        n = getattr(usage, "completion_tokens", None) if usage is not None else None
+        return n is None or n in (len(ids), len(ids) + 1)
 
     def _ids_from_logprobs(self, choice: Any) -> list[int] | None:
         content = getattr(getattr(choice, "logprobs", None), "content", None)
@@ -202,8 +247,12 @@ class OpenAIAdapter:
             except (openai.BadRequestError, openai.InternalServerError, openai.UnprocessableEntityError):
                 self.token_id_prompts = False
                 self._note("server rejected token-id prompts: teacher forcing sent text, token counts checked")
-        if raw is None:
+        text_prompt = raw is None
+        if text_prompt:
+            # max_tokens=1, not 0: llama-cpp-python's server reads 0 as "up to the context" and
+            # generates a whole answer; the one generated token is left out below.
             text = self.engine.tokenizer.decode(full, skip_special_tokens=False)
+            kwargs["max_tokens"] = 1
             raw = self.client.completions.with_raw_response.create(prompt=text, **kwargs)
         comp = raw.parse()
         lp = comp.choices[0].logprobs
@@ -211,19 +260,54 @@ class OpenAIAdapter:
         if n_prompt != len(full):
             stats["prompt_tokens_match"] = False
             self._note(f"teacher forcing: server saw {n_prompt} tokens where the reference has {len(full)}")
+        # The continuation is the tail of the echoed prompt: count back from the generated tokens,
+        # so a server that leaves some prompt tokens out of its echo (llama-cpp-python drops every
+        # BOS-id token, and SmolLM2's BOS is <|im_start|>) still lines up.
+        n_generated = (comp.usage.completion_tokens or 0) if comp.usage else kwargs["max_tokens"]
+        end = len(lp.token_logprobs) - n_generated
+        start = end - len(cont)
+        if end != len(full):
+            stats["echo_aligned_from_end"] = True
+            self._note(f"teacher forcing: the server echoed {end} of {len(full)} prompt tokens; the continuation "
+                       "was aligned from the end")
+        if start < 1:
+            raise HarnessInputError(f"server echoed {end} prompt tokens, fewer than the {len(cont)}-token continuation")
+        if text_prompt:
+            stats["continuation_tokens_match"] = self._tokens_match(lp.tokens[start:end], cont)
+            if not stats["continuation_tokens_match"]:
+                self._note("teacher forcing: the server's echoed continuation tokens differ from the reference's")
         server = parse_stats_header(raw.headers.get("x-pruning-stats"))
         if server is not None:
             stats.update(server)
-        logits, known = self._dense(lp, len(prompt_ids), cont)
+        logits, known = self._dense(lp, start, cont)
         stats["known"] = known
         return logits, stats
 
+    def _tokens_match(self, theirs: Sequence[str], cont: Sequence[int]) -> bool:
+        """The server's echoed token strings against the reference's continuation ids (special
+        tokens, which servers often print as "", are not compared)."""
+        special = set(self.engine.tokenizer.all_special_ids)
+        for s, t in zip(theirs, cont):
+            if t in special:
+                continue
+            if s != self.engine.tokenizer.decode([t], skip_special_tokens=False):
+                return False
+        return len(theirs) == len(cont)
+
     def _token_id(self, s: str) -> int | None:
+        """A listed token -> its id: ``token_id:N``, else the one vocabulary entry whose text is
+        ``s``; None when no entry or several print as ``s`` (that alternative is left unlisted)."""
         m = _TOKEN_ID.match(s)
         if m:
             return int(m.group(1))
-        ids = self.engine.tokenizer(s, add_special_tokens=False)["input_ids"]
-        return ids[0] if len(ids) == 1 else None
+        if self._by_text is None:
+            tok = self.engine.tokenizer
+            texts = tok.batch_decode([[i] for i in range(self.engine.dims.vocab)], skip_special_tokens=False)
+            by_text: dict[str, int | None] = {}
+            for i, text in enumerate(texts):
+                by_text[text] = None if text in by_text else i
+            self._by_text = by_text
+        return self._by_text.get(s)
 
     def _dense(self, lp: Any, start: int, cont: list[int]) -> tuple["torch.Tensor", "torch.Tensor"]:
         """[T, V] log-probabilities: exact where the server listed them, the remaining mass spread
@@ -310,7 +394,7 @@ class ServedProcess:
     def __enter__(self) -> str:
         self.proc = subprocess.Popen([sys.executable, "-m", "rsp_bench.cli", "serve", "--host", "127.0.0.1",
                                       "--port", "0", *self.args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self._env())
         found = threading.Event()
 
         def read() -> None:  # keeps the pipe drained for the server's whole life
@@ -330,6 +414,17 @@ class ServedProcess:
             raise HarnessInputError("rsp-bench serve did not start:\n" + "".join(self.tail[-20:]))
         return self.url
 
+    def _env(self) -> dict[str, str]:
+        """The child's environment: the parent's torch thread count as OMP_NUM_THREADS unless set.
+        A pytest-xdist worker pins torch to its share of the cores; a server child left at the
+        default would reduce floats in another order than the in-process engine it is compared
+        with, and a lossy router decision at its threshold can flip on the last bit."""
+        env = dict(os.environ if self.env is None else self.env)
+        torch = sys.modules.get("torch")
+        if torch is not None and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+        return env
+
     def stop(self, timeout_s: float = 60.0) -> int | None:
         if self.proc is None:
             return None
@@ -341,6 +436,59 @@ class ServedProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (another process may take it before it is used)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class ExternalServer:
+    """Any OpenAI-compatible server started as ``cmd + ["--host", "127.0.0.1", "--port", PORT]``
+    (llama-cpp-python's ``python -m llama_cpp.server`` takes those), ready when ``GET /v1/models``
+    answers 200, stopped with SIGTERM. ``with ExternalServer(cmd) as url:`` gives ``http://127.0.0.1:PORT``."""
+
+    def __init__(self, cmd: Sequence[str], start_timeout_s: float = 300.0, env: dict[str, str] | None = None) -> None:
+        self.cmd, self.start_timeout_s, self.env = list(cmd), start_timeout_s, env
+        self.proc: subprocess.Popen | None = None
+        self.tail: list[str] = []
+
+    def __enter__(self) -> str:
+        import httpx
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([*self.cmd, "--host", "127.0.0.1", "--port", str(port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=self.env)
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.tail = (self.tail + [line])[-40:]
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                if httpx.get(url + "/v1/models", timeout=2.0).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise HarnessInputError(f"{' '.join(self.cmd[:3])} did not start on {url}:\n" + "".join(self.tail[-20:]))
+
+    stop = ServedProcess.stop
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()

@@ -1,0 +1,41 @@
+"""rsp_bench.loadtest without a model: its figures and input checks, and the CLI wiring. The
+end-to-end load (a real server, 4 clients, 12 requests, the 429 burst) is in suites/test_served.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from rsp_bench import loadtest
+from rsp_bench.errors import HarnessInputError
+
+
+def test_percentile_interpolates():
+    assert loadtest._percentile([], 0.5) is None
+    assert loadtest._percentile([3.0], 0.99) == 3.0
+    assert loadtest._percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert loadtest._percentile(list(map(float, range(101))), 0.99) == pytest.approx(99.0)
+
+
+def test_bypass_ratio_weights_by_tokens_and_needs_stats():
+    rows = [{"pruning": {"layers_bypassed": 3, "total_tokens": 2, "blocks": 30}},
+            {"pruning": {"layers_bypassed": 0, "total_tokens": 8, "blocks": 30}}]
+    assert loadtest._bypass(rows) == pytest.approx(3 / 300)
+    assert loadtest._bypass([{"pruning": None}]) is None  # no X-Pruning-Stats: left out
+
+
+@pytest.mark.parametrize("kw", [{"requests": 0}, {"clients": -1}, {"max_tokens": True}, {"requests": 1.5}])
+def test_config_rejects_bad_sizes(kw):
+    with pytest.raises(HarnessInputError):
+        loadtest.LoadConfig(["hi"], **kw)
+    with pytest.raises(HarnessInputError):
+        loadtest.LoadConfig([])
+
+
+def test_cli_wires_loadtest(capsys):
+    from rsp_bench.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["loadtest", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--clients" in out and "--max-queue" in out and "--url" in out
