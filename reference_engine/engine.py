@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
@@ -27,6 +26,7 @@ from . import calibration as calib_mod
 from . import degradation
 from .config import PruningConfig
 from .errors import PromptError
+from .generation import GenerationResult, PromptRow, check_rows_fit
 from .model import BypassMap, KVCache, decode_step, logits_from_hidden, prefill, weights_from_hf
 from .model_loading import cache_root, file_digest, load_hf_model, load_tokenizer, resolve_model
 from .router import (Router, RouterCalibration, density_factor, density_of_text, sample_watermark,
@@ -34,22 +34,6 @@ from .router import (Router, RouterCalibration, density_factor, density_of_text,
 
 log = logging.getLogger("reference_engine")
 LOSS_SAMPLE_POSITIONS = 64  # prompt positions scored for the loss check (the LM head is costly)
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    prompt_ids: list[int]
-    stats: dict[str, Any]
-    logits: torch.Tensor | None = None  # [T, V], only from teacher_forced
-
-
-@dataclass
-class _Row:
-    prompt: str
-    ids: list[int]
-    degraded_reason: str | None = None
 
 
 def weights_digest(folder: Path) -> str:
@@ -62,17 +46,6 @@ def weights_digest(folder: Path) -> str:
     for f in files:
         h.update(file_digest(f).encode())
     return h.hexdigest()
-
-
-def check_rows_fit(rows: "list[_Row]", max_new: int, max_positions: int) -> None:
-    """Raise PromptError naming the first prompt that is empty or leaves no room for max_new tokens."""
-    for i, r in enumerate(rows):
-        if not r.ids:
-            raise PromptError(f"prompt {i} encodes to no tokens: {r.prompt!r}")
-        if len(r.ids) + max_new > max_positions:
-            raise PromptError(
-                f"prompt {i} is {len(r.ids)} tokens; with max_new_tokens={max_new} it exceeds the "
-                f"model's context of {max_positions} tokens")
 
 
 class Engine:
@@ -175,7 +148,7 @@ class Engine:
             raise PromptError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
             raise PromptError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        rows = [_Row(p, self.encode(p, chat)) for p in prompts]
+        rows = [PromptRow(p, self.encode(p, chat)) for p in prompts]
         if cfg.mode == "lossless":
             from .speculative import generate_lossless
 
@@ -191,7 +164,7 @@ class Engine:
             cfg = cfg.override(mode="off")  # lossless output is the unpruned model's by construction
         if len(continuation_ids) == 0:
             raise PromptError("continuation_ids must not be empty")
-        row = _Row(self.decode(prompt_ids), list(prompt_ids))
+        row = PromptRow(self.decode(prompt_ids), list(prompt_ids))
         return self._run([row], len(continuation_ids), cfg, 0.0, None, [list(continuation_ids)], None)[0]
 
     def _config(self, config: PruningConfig | None, overrides: dict) -> PruningConfig:
@@ -202,7 +175,7 @@ class Engine:
         return cfg
 
     # ---- the loop ----
-    def _run(self, rows: list[_Row], max_new: int, cfg: PruningConfig, temperature: float,
+    def _run(self, rows: list[PromptRow], max_new: int, cfg: PruningConfig, temperature: float,
              seed: int | None, forced: list[list[int]] | None, log_file: IO[str] | None,
              keep_logits: bool = False,
              on_token: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
@@ -354,7 +327,7 @@ class Engine:
         probs = torch.softmax(logits / temperature, -1)
         return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
-    def _check_degradation(self, rows: list[_Row], hidden: list[torch.Tensor], cal: calib_mod.Calibration) -> None:
+    def _check_degradation(self, rows: list[PromptRow], hidden: list[torch.Tensor], cal: calib_mod.Calibration) -> None:
         """Text, prompt-loss and hidden-norm checks: any firing turns pruning off for that row."""
         w = self.weights
         S = hidden[0].shape[1]
@@ -376,7 +349,7 @@ class Engine:
                     degradation.norm_anomaly_reason(lows, cal.norm_lo, cal.norm_hi)
             r.degraded_reason = r.degraded_reason or reason
 
-    def _make_router(self, rows: list[_Row], cfg: PruningConfig, cal: calib_mod.Calibration) -> Router:
+    def _make_router(self, rows: list[PromptRow], cfg: PruningConfig, cal: calib_mod.Calibration) -> Router:
         rc = RouterCalibration(impact=cal.impact, rel_mean=np.asarray(cal.rel_mean),
                                grad_ref=np.asarray(cal.grad_ref), entropy_ref=cal.entropy_ref,
                                density_ref=cal.density_ref)
@@ -404,7 +377,7 @@ class Engine:
         entropy = np.log(total) - np.einsum("bv,bv->b", e, shifted) / total  # nats, -sum p log p
         router.observe(norms, updates, entropy, keep)
 
-    def _detail_records(self, router: Router, keep: list[bool], probe: bool, step: int, rows: list[_Row]) -> list[str]:
+    def _detail_records(self, router: Router, keep: list[bool], probe: bool, step: int, rows: list[PromptRow]) -> list[str]:
         tau, f_ent, f_grad = router.thresholds()
         scores = router.scores()
         lines = []

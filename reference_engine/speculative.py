@@ -69,10 +69,11 @@ import torch
 import torch.nn.functional as F
 
 from .config import PruningConfig
+from .generation import GenerationResult, PromptRow, check_rows_fit
 from .model import BlockWeights, KVCache, ModelDims, ModelWeights, apply_rope, decode_step, prefill, rms_norm
 
 if TYPE_CHECKING:
-    from .engine import Engine, GenerationResult, _Row
+    from .engine import Engine  # annotations only: no run-time import of engine.py
 
 Tensor = torch.Tensor
 
@@ -336,7 +337,7 @@ def _pruned_cost_prior(w: ModelWeights, keep: list[bool] | None) -> float:
 class _RowDecoder:
     """Greedy self-speculative decoding of one prompt (batch 1)."""
 
-    def __init__(self, engine: "Engine", row: "_Row", max_new: int, policy: DraftPolicy, cfg: PruningConfig,
+    def __init__(self, engine: "Engine", row: "PromptRow", max_new: int, policy: DraftPolicy, cfg: PruningConfig,
                  costs: _Costs, detail: list[str] | None, request: int) -> None:
         self.engine, self.w, self.policy, self.cfg, self.costs = engine, engine.weights, policy, cfg, costs
         self.row, self.detail, self.request = row, detail, request
@@ -601,10 +602,9 @@ def _source_stats(drafted: int, accepted: int, passes: int) -> dict[str, Any]:
             "acceptance_rate": accepted / drafted if drafted else 0.0, "verify_passes": passes}
 
 
-def generate_lossless(engine: "Engine", rows: list["_Row"], max_new_tokens: int, cfg: PruningConfig,
-                      log_file: IO[str] | None, policy: DraftPolicy | None = None) -> list["GenerationResult"]:
+def generate_lossless(engine: "Engine", rows: list["PromptRow"], max_new_tokens: int, cfg: PruningConfig,
+                      log_file: IO[str] | None, policy: DraftPolicy | None = None) -> list[GenerationResult]:
     """Greedy generation equal to mode "off" at batch 1, sped up by verified drafts; one row at a time."""
-    from .engine import GenerationResult, check_rows_fit
 
     policy = policy or DraftPolicy()
     if policy.force not in (None, "lookup", "pruned"):

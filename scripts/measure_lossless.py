@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from reference_engine import Engine  # noqa: E402
-from reference_engine.engine import _Row  # noqa: E402
+from reference_engine.generation import PromptRow  # noqa: E402
 from reference_engine.model import KVCache, prefill  # noqa: E402
 from reference_engine.speculative import _COSTS, DraftPolicy, generate_lossless, verify_forward  # noqa: E402
 from rsp_bench.datasets import load_prompts, load_squad, quick_subset, squad_prompt  # noqa: E402
@@ -162,7 +162,7 @@ def flip_study(engine: Engine, prompts: list[str], offs: list[list[int]], n: int
     uncertified = DraftPolicy(force="lookup", margin_eps=0.0, pruned=False)
     differ, per = [], []
     for i, (prompt, off) in enumerate(zip(prompts, offs)):
-        got = generate_lossless(engine, [_Row(prompt, engine.encode(prompt))], n, cfg, None, uncertified)[0]
+        got = generate_lossless(engine, [PromptRow(prompt, engine.encode(prompt))], n, cfg, None, uncertified)[0]
         if got.token_ids != off:
             differ.append(i)
         per.append(perturbation(engine, prompt, off))

@@ -16,7 +16,8 @@ import json
 import pytest
 import torch
 
-from reference_engine.engine import Engine, _Row
+from reference_engine.engine import Engine
+from reference_engine.generation import PromptRow
 from reference_engine.errors import PromptError
 from reference_engine.model import KVCache, decode_step, prefill
 from reference_engine.model_loading import load_hf_model, load_tokenizer, make_tiny_model
@@ -91,7 +92,7 @@ def _off(engine: Engine, prompt: str, n: int = N) -> list[int]:
 
 def _lossless(engine: Engine, prompt: str, policy: DraftPolicy, n: int = N):
     cfg = engine._config(None, {"mode": "lossless", "log_level": "NONE"})
-    return generate_lossless(engine, [_Row(prompt, engine.encode(prompt))], n, cfg, None, policy)[0]
+    return generate_lossless(engine, [PromptRow(prompt, engine.encode(prompt))], n, cfg, None, policy)[0]
 
 
 POLICIES = {
@@ -152,8 +153,8 @@ def test_eos_and_short_budgets(repeating, varied):
     cfg = repeating._config(None, {"mode": "lossless", "log_level": "NONE"})
     # A prompt ending in end-of-turn tokens: whatever comes out, it must stop where "off" stops.
     ids = repeating.encode(PROMPTS[0]) + [eos] * 4
-    got = generate_lossless(repeating, [_Row("x", ids)], N, cfg, None, POLICIES["lookup"])[0]
-    off = repeating._run([_Row("x", ids)], N, cfg.override(mode="off"), 0.0, None, None, None)[0]
+    got = generate_lossless(repeating, [PromptRow("x", ids)], N, cfg, None, POLICIES["lookup"])[0]
+    off = repeating._run([PromptRow("x", ids)], N, cfg.override(mode="off"), 0.0, None, None, None)[0]
     assert got.token_ids == off.token_ids
 
 
@@ -247,9 +248,9 @@ def test_ngram_index():
 def test_too_long_prompt_is_refused(varied):
     cfg = varied._config(None, {"mode": "lossless"})
     with pytest.raises(PromptError, match="context"):
-        generate_lossless(varied, [_Row("x", [5] * 500)], 100, cfg, None)
+        generate_lossless(varied, [PromptRow("x", [5] * 500)], 100, cfg, None)
     with pytest.raises(ValueError, match="force"):
-        generate_lossless(varied, [_Row("x", [5])], 2, cfg, None, DraftPolicy(force="bogus"))
+        generate_lossless(varied, [PromptRow("x", [5])], 2, cfg, None, DraftPolicy(force="bogus"))
 
 
 def test_calibrated_draft_plan_and_degradation(repeating, monkeypatch):
@@ -270,11 +271,11 @@ def test_calibrated_draft_plan_and_degradation(repeating, monkeypatch):
     monkeypatch.setattr(repeating, "_check_degradation", check)
     cfg = repeating._config(None, {"mode": "lossless", "log_level": "NONE"})
     plain = DraftPolicy(pruned=True, lookup=False, priors={"pruned": 0.0}, **PINNED)
-    got = generate_lossless(repeating, [_Row("fine", repeating.encode("fine"))], 8, cfg, None, plain)[0]
+    got = generate_lossless(repeating, [PromptRow("fine", repeating.encode("fine"))], 8, cfg, None, plain)[0]
     assert calls == [] and got.stats["sources"]["pruned"]["drafted"] == 0  # never wanted, never checked
     forced = DraftPolicy(force="pruned")
     for prompt, degraded in (("fine", False), ("odd", True)):
-        got = generate_lossless(repeating, [_Row(prompt, repeating.encode(prompt))], 8, cfg, None, forced)[0]
+        got = generate_lossless(repeating, [PromptRow(prompt, repeating.encode(prompt))], 8, cfg, None, forced)[0]
         assert got.token_ids == _off(repeating, prompt, 8)
         assert got.stats["degraded"] is degraded
         assert (got.stats["sources"]["pruned"]["drafted"] > 0) is not degraded

@@ -190,10 +190,10 @@ def generate_ids(engine: "Engine", prompt_text: str, ids: Sequence[int], max_new
     """
     # The engine's public generate takes text; the server must also take token ids (completions,
     # multi-message chats), so it drives the same internal loop generate uses.
-    from ..engine import _Row
+    from ..generation import PromptRow
 
     cfg.blacklist_for(engine.dims.n_layers)
-    rows = [_Row(prompt_text, list(ids))]
+    rows = [PromptRow(prompt_text, list(ids))]
     if cfg.mode == "lossless":
         from ..speculative import generate_lossless
 
