@@ -1,0 +1,192 @@
+"""The text-level checks: ``text_anomaly_reason`` / ``text_anomaly_reasons`` judge a prompt's
+scan (.scan) and its runs, floods and patterns against ``TextThresholds`` and yield reasons
+in ``REASONS`` order.
+
+Must NOT import: ``rsp_bench`` (the engine never depends on the harness), torch (the
+harness and tests import this without a model), or modules of this package other than
+.chars, .scan, .thresholds. Only stdlib.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Iterator
+
+from .chars import _is_emoji, _is_separator_char, _separator_neighbour_ok
+from .scan import _scan, _scan_ascii
+from .thresholds import TextThresholds
+
+_RUN_RE = re.compile(r"(.)\1{11,}", re.DOTALL)
+_HEX_RUN_OK = frozenset("0fF")
+
+
+def _run_reason(text: str, t: TextThresholds) -> str | None:
+    """Runs of one character: punctuation, alphanumerics/emoji, whitespace."""
+    shortest = min(t.punctuation_run, t.char_run, t.whitespace_run)
+    run_re = _RUN_RE if shortest == 12 else re.compile(r"(.)\1{%d,}" % (shortest - 1), re.DOTALL)
+    for m in run_re.finditer(text):
+        ch = m.group(1)
+        length = m.end() - m.start()
+        if ch.isspace():
+            if length >= t.whitespace_run:
+                return "whitespace_run"
+            continue
+        cat = unicodedata.category(ch)
+        if cat[0] in "PS" and not _is_emoji(ord(ch)):
+            if length < t.punctuation_run:
+                continue
+            if _separator_allowed(text, m.start(), m.end(), t):
+                continue
+            return "punctuation_run"
+        if length < t.char_run:
+            continue
+        if (cat[0] == "S" or _is_emoji(ord(ch))) and _separator_allowed(text, m.start(), m.end(), t):
+            continue  # an emoji or symbol banner line
+        if ch in _HEX_RUN_OK and length <= 64 and _in_hex_literal(text, m.start()):
+            continue
+        return "char_run"
+    for m in _MIXED_PUNCT_RE.finditer(text):
+        if m.end() - m.start() < t.mixed_punctuation_run:
+            continue
+        other = sum(
+            1 for c in m.group()
+            if unicodedata.category(c)[0] in "PS" and not _is_emoji(ord(c)) and not _is_separator_char(c)
+        )
+        if other >= t.mixed_punctuation_other_min:
+            return "punctuation_run"
+    return None
+
+
+# Maximal stretches with no letter, digit, underscore or whitespace; lengths are checked
+# against the thresholds above (the regex floor keeps the scan cheap).
+_MIXED_PUNCT_RE = re.compile(r"[^\w\s]{24,}")
+
+
+_CONTENT_RE = re.compile(r"[^\W_]")
+
+
+def _separator_allowed(text: str, start: int, end: int, t: TextThresholds) -> bool:
+    """Whether a run of one non-alphanumeric character stands like a separator.
+
+    Any such character may fill a line of its own (a reStructuredText underline can use any
+    punctuation; generated code has emoji banners): nothing but whitespace and separator
+    characters besides the run on its line. Separator characters (``_is_separator_char``)
+    may also share a short line with a label or a page number. Either way the text must
+    have letters or digits somewhere else, so a prompt that is only a run still fires.
+    """
+    if not (_CONTENT_RE.search(text, 0, start) or _CONTENT_RE.search(text, end)):
+        return False
+    run_char = text[start]
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    line = text[line_start: len(text) if line_end < 0 else line_end]
+    other = sum(1 for c in line if not (c == run_char or c.isspace() or _is_separator_char(c)))
+    if other == 0:
+        return end - start <= t.separator_line_run_max
+    if not _is_separator_char(run_char) or end - start > t.separator_run_max:
+        return False
+    if start > 0 and text[start - 1] != "\n" and not _separator_neighbour_ok(text[start - 1]):
+        return False
+    if end < len(text) and text[end] != "\n" and not _separator_neighbour_ok(text[end]):
+        return False
+    return other <= t.separator_line_other_max
+
+
+def _in_hex_literal(text: str, start: int) -> bool:
+    j = start
+    while j > 0 and text[j - 1] in "0123456789abcdefABCDEF":
+        j -= 1
+    return j >= 2 and text[j - 2: j] in ("0x", "0X")
+
+
+_WS_RE = re.compile(r"\s+")
+
+
+def _normalise_for_patterns(text: str) -> str:
+    return _WS_RE.sub(" ", unicodedata.normalize("NFKC", text)).lower()
+
+
+def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}: {text!r:.80}")
+    if not isinstance(t, TextThresholds):
+        raise TypeError(f"thresholds must be a TextThresholds, got {type(t).__name__}")
+    if not text.strip():
+        yield "empty_or_whitespace"
+        return
+    # NFC so that decomposed accents (French, Vietnamese typed on some keyboards) are not
+    # mistaken for stacked marks; it never removes controls or invisible characters.
+    if text.isascii():
+        scanned, s = text, _scan_ascii(text)
+    else:
+        scanned = unicodedata.normalize("NFC", text)
+        s = _scan(scanned)
+    if s.nul:
+        yield "nul_byte"
+    if s.surrogates:
+        yield "lone_surrogate"
+    if s.replacement > t.replacement_max:
+        yield "replacement_chars"
+    if s.noncharacters > t.noncharacter_max:
+        yield "noncharacter"
+    if s.controls > t.control_max:
+        yield "control_chars"
+    if s.bidi_overrides > t.bidi_override_max or (
+        s.bidi_marks >= t.bidi_mark_min and s.bidi_marks > t.bidi_mark_rate * max(1, s.letters)
+    ):
+        yield "bidi_override"
+    if s.invisible > t.zero_width_max:
+        yield "zero_width_chars"
+    if s.unassigned > t.unassigned_max:
+        yield "unassigned_or_private"
+    if s.max_mark_stack >= t.combining_stack_run or s.max_foreign_stack >= t.foreign_stack_run or (
+        s.foreign_marks >= t.combining_min
+        and s.foreign_marks > t.combining_rate * max(1, s.foreign_letters)
+        and (s.foreign_mark_kinds > t.combining_kinds_max or s.unusual_marks >= t.combining_min)
+    ):
+        yield "combining_flood"
+    run = _run_reason(scanned, t)
+    if run is not None:
+        yield run
+    if (s.emoji >= t.emoji_min and s.emoji > t.emoji_rate * s.visible) or (
+        s.emoji >= t.emoji_dominant_min and s.emoji > t.emoji_dominant_rate * s.visible
+    ):
+        yield "emoji_flood"
+    if s.max_groups_in_word > t.script_groups_per_word_max or (
+        s.mixed_words >= t.mixed_word_min and s.mixed_words > t.mixed_word_rate * s.words
+    ) or (
+        s.mixed_words > t.mixed_word_dominant_rate * s.words
+    ) or (
+        s.letters >= t.script_min_letters
+        and s.switches > t.script_switch_rate * max(1, s.switch_letters)
+    ):
+        yield "script_mixing"
+    if (
+        s.punct_all >= t.punctuation_flood_min
+        and s.punct >= t.punctuation_flood_other_min
+        and s.punct_all > t.punctuation_flood_rate * s.visible
+    ):
+        yield "punctuation_flood"
+    injection_res, special_res = t._compiled
+    if special_res and any(r.search(scanned) for r in special_res):
+        yield "special_token_text"
+    if injection_res:
+        normalised = _normalise_for_patterns(scanned)
+        if any(r.search(normalised) for r in injection_res):
+            yield "prompt_injection"
+
+
+def text_anomaly_reason(text: str, thresholds: TextThresholds = TextThresholds()) -> str | None:
+    """Return None for ordinary text, else the first text-level reason to degrade.
+
+    Checks run in the order of ``REASONS``; the cheap, unambiguous ones (empty, NUL, lone
+    surrogates, U+FFFD, controls) come first so the reason names the worst defect.
+    Raises TypeError when ``text`` is not a str.
+    """
+    return next(_iter_reasons(text, thresholds), None)
+
+
+def text_anomaly_reasons(text: str, thresholds: TextThresholds = TextThresholds()) -> tuple[str, ...]:
+    """Every text-level reason that fires, in ``REASONS`` order (empty tuple: ordinary text)."""
+    return tuple(_iter_reasons(text, thresholds))

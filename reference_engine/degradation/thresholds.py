@@ -1,0 +1,215 @@
+"""The thresholds of the text-level checks: ``TextThresholds`` (each default says why it sits
+where it does) and the default prompt-injection and special-token patterns it compiles.
+
+Must NOT import: ``rsp_bench`` (the engine never depends on the harness), torch (the
+harness and tests import this without a model), or any other module of this package.
+Only stdlib.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# Phrases from public prompt-injection and jailbreak corpora. They are matched on a
+# normalised copy of the text (NFKC, lower case, whitespace collapsed) so full-width or
+# line-broken variants still match. Each requires an instruction-like noun or a jailbreak
+# term, so "ignore the previous result" in an ordinary prompt does not match.
+DEFAULT_INJECTION_PATTERNS: tuple[str, ...] = (
+    r"\b(?:ignore|disregard|forget|override)\s+(?:all\s+|any\s+|every\s+)?(?:of\s+)?"
+    r"(?:the\s+|your\s+|my\s+|these\s+|those\s+|its\s+)?(?:previous|prior|above|earlier|preceding|"
+    r"former|original|initial|foregoing|system|safety)\s+(?:instructions?|prompts?|directions?|"
+    r"rules?|guidelines?|messages?|commands?|context|constraints?|directives?|restrictions?)",
+    r"\b(?:ignore|disregard|forget)\s+(?:everything|all|anything)\s+(?:above|before|previously|"
+    r"prior|you\s+(?:were|have\s+been)\s+told)",
+    r"\bdisregard\s+(?:the\s+|all\s+|everything\s+)?(?:above|previous|prior)\b",
+    r"\byou\s+are\s+now\s+(?:dan\b|in\s+developer\s+mode|jailbroken|unrestricted|unfiltered|"
+    r"uncensored|free\s+(?:from|of)|no\s+longer\s+bound|an?\s+(?:unrestricted|unfiltered|"
+    r"uncensored|evil|rogue))",
+    r"\bdo\s+anything\s+now\b",
+    r"\b(?:dan|developer|god|jailbreak|unrestricted)\s+mode\s+(?:is\s+)?(?:enabled|activated|on)\b",
+    r"\b(?:new\s+)?system\s+prompt\s*:",
+    r"\b(?:reveal|print|show|output|repeat|leak|display|dump)\s+(?:me\s+)?(?:your|the)\s+"
+    r"(?:(?:full|entire|hidden|original|initial|secret|exact)\s+)*(?:system\s+prompt|hidden\s+"
+    r"instructions|initial\s+instructions|original\s+instructions|instructions\s+above)",
+    r"\b(?:pretend|imagine)\s+(?:that\s+)?you\s+(?:are|have|were|had)\b[^.!?\n]{0,60}?\b(?:no|without)"
+    r"\s+(?:any\s+)?(?:restrictions|filters|limitations|rules|guidelines|censorship|content\s+polic)",
+    r"\bact\s+as\s+(?:an?\s+)?(?:ai|assistant|model|chatbot|llm|language\s+model)\b[^.!?\n]{0,40}?"
+    r"\b(?:no|without)\s+(?:any\s+)?(?:restrictions|filters|limitations|rules|guidelines|censorship)",
+    r"\bfrom\s+now\s+on,?\s+you\s+(?:will|are|must|shall)\s+(?:ignore|disregard|not\s+follow|"
+    r"answer\s+without|respond\s+without)",
+)
+
+# Chat-template control strings typed as plain text. Some tokenizers map them to real
+# special tokens, which puts role switches in the middle of a user prompt.
+DEFAULT_SPECIAL_TOKEN_PATTERNS: tuple[str, ...] = (
+    r"<\|(?:im_start|im_end|endoftext|begin_of_text|end_of_text|eot_id|start_header_id|"
+    r"end_header_id|system|user|assistant|end)\|>",
+    r"\[/?inst\]",
+    r"<</?sys>>",
+)
+
+
+
+def _check_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"TextThresholds.{name} must be an integer >= 0, got {value!r}")
+
+
+def _check_rate(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"TextThresholds.{name} must be a number in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class TextThresholds:
+    """Thresholds of the text-level checks; each default says why it sits where it does.
+
+    ``*_max`` fields are counts that may be present without firing (0: any one fires);
+    ``*_run`` fields are run lengths that fire; ``*_rate`` fields are fractions that fire
+    when exceeded, and only once the matching ``*_min`` count is reached so that one odd
+    character in a three-character prompt is not a 33% rate.
+    """
+
+    # Cc characters other than \t \n \r (NUL, ESC, BEL, DEL, C1 controls): no ordinary
+    # prompt contains one; they come from binary data, terminal escapes or broken decoding.
+    control_max: int = 0
+    # U+FFFD means bytes were already lost in decoding: the prompt is corrupted.
+    replacement_max: int = 0
+    # Noncharacters (U+FFFE, U+FFFF, U+FDD0..FDEF, ...) are never valid in interchange.
+    noncharacter_max: int = 0
+    # Explicit direction embeddings, overrides and isolates (U+202A..202E, U+2066..2069):
+    # the "Trojan Source" trick; ordinary right-to-left text does not need them.
+    bidi_override_max: int = 0
+    # Invisible characters (ZWSP, word joiner, BOM past the start, invisible math operators,
+    # tag characters, Hangul fillers, variation-selector runs, ZWJ/ZWNJ outside the scripts
+    # and emoji sequences that use them): a classic way to hide text from a filter.
+    zero_width_max: int = 0
+    # Implicit direction marks (LRM, RLM, ALM) are legitimate in Arabic and Hebrew text, so
+    # only a flood fires: more than this fraction of letters, and at least the min count.
+    bidi_mark_rate: float = 0.10
+    bidi_mark_min: int = 5
+    # Private-use and unassigned code points: one icon-font glyph is plausible, three is
+    # not. Emoji newer than Python's Unicode tables are not counted (see _is_emoji).
+    unassigned_max: int = 2
+    # Combining marks stacked on one base. Real orthographies stack at most about four
+    # (Biblical Hebrew with cantillation, Tibetan subjoined letters); "Zalgo" text stacks
+    # five to dozens.
+    combining_stack_run: int = 5
+    # The same on letters of scripts that carry few marks after NFC (Latin, Greek, Cyrillic,
+    # CJK, ...): Yoruba or Lithuanian leave one uncomposable mark on a letter, two is rare.
+    foreign_stack_run: int = 3
+    # Marks on such letters (or on no letter at all) above this fraction of those letters,
+    # with at least ``combining_min`` of them, drawn from more than ``combining_kinds_max``
+    # different marks. NFC first, so decomposed French or Vietnamese counts nothing; Yoruba
+    # keeps a mark on a third of its letters but uses three or four kinds (grave, acute,
+    # macron), and statistics notation (x-bar, p-hat) stays far under 10%. Zalgo text draws
+    # from the ~110 marks of U+0300-036F.
+    # The kinds condition is waived when the marks are not the common orthographic ones
+    # (acute, grave, circumflex, tilde, macron, breve, dots, ring, caron, cedilla, ogonek,
+    # dot below, ...): ``combining_min`` unusual marks above the rate fire on their own.
+    combining_rate: float = 0.10
+    combining_min: int = 3
+    combining_kinds_max: int = 4
+    # A run of one punctuation or symbol character. Code reaches `)))))` (5-8), prose "!!!"
+    # or "...", so 12 is already abnormal.
+    punctuation_run: int = 12
+    # Separator characters (- = _ * # ~ ^ . + / | and box drawing) legitimately form long
+    # lines: markdown rules and tables, comment banners, ASCII tables, progress bars, dot
+    # leaders. A run of them is allowed up to this length when it stands like a separator
+    # (bounded by line ends, spaces or table/comment characters, on a line with little else)
+    # and the text has letters or digits to separate; a prompt that is only a run fires.
+    separator_run_max: int = 120
+    # A run of any punctuation, symbol or emoji on a line of nothing but it, separators and
+    # spaces (a rule, a table border, a reStructuredText underline, an emoji banner) may be
+    # as wide as a wide grid table, when the text has letters or digits elsewhere.
+    separator_line_run_max: int = 400
+    # Other content allowed on the line of an allowed separator run ("# ---- Setup ----",
+    # "Chapter 1 ........ 12"); prose beside a run means the run was pasted into text.
+    separator_line_other_max: int = 60
+    # A run of one letter, digit, emoji or other character. Ordinary text has "zzz" or
+    # "hahaha"; a hex literal can reach 64 zeros (a 256-bit hash), which is exempted.
+    char_run: int = 24
+    # Whitespace runs: deep indentation and aligned columns reach 60-100 spaces.
+    whitespace_run: int = 256
+    # Emoji: a chat line with a few emoji is normal ("Happy birthday! 🎂🎉🎈" is 3/19).
+    # Fires above 20% of visible characters with at least 8 emoji, or above 50% with 3.
+    emoji_rate: float = 0.20
+    emoji_min: int = 8
+    emoji_dominant_rate: float = 0.50
+    emoji_dominant_min: int = 3
+    # Scripts inside one word. Japanese (kanji + kana) and Korean (hangul + hanja) count as
+    # one group, words split where CJK meets other letters, and Latin + Greek is allowed
+    # (kΩ, sinθ): so no ordinary word has three groups.
+    script_groups_per_word_max: int = 2
+    # Words mixing two script groups (other than Latin + Greek): homoglyph spoofing such as
+    # a Cyrillic "а" in "pаypal". One can be a typo; several, over 10% of words, is a pattern.
+    mixed_word_min: int = 2
+    mixed_word_rate: float = 0.10
+    # ... or when mixed words are most of the words, however few (a short prompt such as
+    # a lone spoofed "pаypal", or a two-word string of random scripts).
+    mixed_word_dominant_rate: float = 0.50
+    # Script switches between consecutive letters, per letter, ignoring Latin<->CJK (CJK text
+    # embeds English terms without spaces) and Latin<->Greek (math). A translation prompt
+    # with six languages stays under 0.15; random letters from many scripts are near 0.8.
+    script_switch_rate: float = 0.30
+    script_min_letters: int = 8
+    # A run of mixed punctuation without spaces or letters ("?!@#$%^&*..."): fires at this
+    # length with at least ``mixed_punctuation_other_min`` non-separator characters in it.
+    # Code packs 6-10 (`"]))});`) and regex-heavy code 20-40 (a string-literal pattern such
+    # as `'"(\\\\|\\[^\\]|[^"\\])*"',`), so only longer soups fire here; a prompt that
+    # is mostly punctuation is caught by the flood rule below.
+    mixed_punctuation_run: int = 48
+    mixed_punctuation_other_min: int = 32
+    # Punctuation and symbols (not emoji) as a fraction of the visible characters, with at
+    # least ``punctuation_flood_min`` of them and ``punctuation_flood_other_min`` that are
+    # not separators (so a bare markdown table border is left to the separator rule).
+    # Code and JSON stay under about 0.70; random symbol strings are near 1.
+    punctuation_flood_rate: float = 0.80
+    punctuation_flood_min: int = 12
+    punctuation_flood_other_min: int = 4
+    injection_patterns: tuple[str, ...] = DEFAULT_INJECTION_PATTERNS
+    special_token_patterns: tuple[str, ...] = DEFAULT_SPECIAL_TOKEN_PATTERNS
+    _compiled: tuple[tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]] = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "control_max", "replacement_max", "noncharacter_max", "bidi_override_max",
+            "zero_width_max", "bidi_mark_min", "unassigned_max", "combining_min",
+            "emoji_min", "emoji_dominant_min", "mixed_word_min", "script_min_letters",
+            "punctuation_flood_min", "punctuation_flood_other_min", "separator_line_other_max",
+            "mixed_punctuation_other_min",
+        ):
+            _check_count(name, getattr(self, name))
+        for name in (
+            "combining_stack_run", "foreign_stack_run", "combining_kinds_max",
+            "punctuation_run", "separator_run_max",
+            "separator_line_run_max", "char_run", "mixed_punctuation_run",
+            "whitespace_run", "script_groups_per_word_max",
+        ):
+            value = getattr(self, name)
+            _check_count(name, value)
+            if value < 1:
+                raise ValueError(f"TextThresholds.{name} must be >= 1, got {value!r}")
+        for name in (
+            "bidi_mark_rate", "combining_rate", "emoji_rate", "emoji_dominant_rate",
+            "mixed_word_rate", "mixed_word_dominant_rate", "script_switch_rate", "punctuation_flood_rate",
+        ):
+            _check_rate(name, getattr(self, name))
+        compiled = []
+        for name in ("injection_patterns", "special_token_patterns"):
+            patterns = getattr(self, name)
+            if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+                raise ValueError(f"TextThresholds.{name} must be a tuple of regex strings, got {patterns!r}")
+            group = []
+            for p in patterns:
+                try:
+                    group.append(re.compile(p, re.IGNORECASE | re.DOTALL))
+                except re.error as exc:
+                    raise ValueError(f"TextThresholds.{name}: bad regex {p!r}: {exc}") from None
+            compiled.append(tuple(group))
+        # frozen dataclass: the compiled patterns are a cache derived from the fields.
+        object.__setattr__(self, "_compiled", (compiled[0], compiled[1]))

@@ -1,0 +1,127 @@
+"""The session fixtures of the rsp-bench pytest plugin (the names are a contract with the
+suites; rsp_bench.plugin's docstring lists them): rsp_options, rsp_record, rsp_engine,
+rsp_adapter_for, rsp_adapter, rsp_peer, rsp_configs, rsp_config, rsp_reference_outputs.
+
+Must NOT import rsp_bench.plugin or rsp_bench.pytest_plugin.session; only .options and
+.state. Must NOT import torch, transformers, reference_engine or rsp_bench.quality at module
+import (pytest loads the plugin for every run): anything heavy is imported inside the
+function that needs it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import pytest
+
+from rsp_bench.pytest_plugin.options import RspOptions
+from rsp_bench.pytest_plugin.state import _state
+
+if TYPE_CHECKING:
+    from rsp_bench.engines import ConfigSpec, EngineAdapter
+    from rsp_bench.records import RunRecordBuilder
+
+
+@pytest.fixture(scope="session")
+def rsp_options(pytestconfig: pytest.Config) -> RspOptions:
+    return _state(pytestconfig).options
+
+
+@pytest.fixture(scope="session")
+def rsp_record(pytestconfig: pytest.Config) -> "RunRecordBuilder":
+    state = _state(pytestconfig)
+    if state.builder is None:
+        from rsp_bench.records import RunRecordBuilder
+
+        state.builder = RunRecordBuilder(quick=state.options.quick, created_utc=state.created_utc)
+        state.builder.set_extra("subset_seed", state.options.subset_seed)
+        state.builder.set_extra("engine_under_test", state.options.engine)
+    return state.builder
+
+
+@pytest.fixture(scope="session")
+def rsp_engine(pytestconfig: pytest.Config, rsp_options: RspOptions, rsp_record: "RunRecordBuilder"):
+    from reference_engine import Engine
+    from rsp_bench import distributed
+
+    if distributed.worker_id(pytestconfig) is not None:
+        import torch
+
+        torch.set_num_threads(distributed.threads_for_worker(pytestconfig, distributed.cpu_count()))
+    t0 = time.monotonic()
+    engine = Engine.load(rsp_options.model, progress=_stderr_progress)
+    _state(pytestconfig).engine = engine
+    rsp_record.set_model(engine.name, str(rsp_options.model or engine.folder), engine.weights_sha256)
+    rsp_record.set_extra("model_load_s", round(time.monotonic() - t0, 3))
+    return engine
+
+
+@pytest.fixture(scope="session")
+def rsp_adapter_for(rsp_engine, rsp_options: RspOptions) -> Callable[[Any], "EngineAdapter"]:
+    from rsp_bench.engines import get_engine
+
+    built: dict[str, EngineAdapter] = {}
+
+    def adapter_for(spec_or_name: "ConfigSpec | str") -> "EngineAdapter":
+        name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.engine
+        if name not in built:
+            built[name] = get_engine(name, engine=rsp_engine, model=rsp_options.model,
+                                     engine_url=rsp_options.engine_url, engine_model=rsp_options.engine_model)
+        return built[name]
+
+    return adapter_for
+
+
+@pytest.fixture(scope="session")
+def rsp_adapter(rsp_adapter_for, rsp_options: RspOptions) -> "EngineAdapter":
+    return rsp_adapter_for(rsp_options.engine)
+
+
+@pytest.fixture(scope="session")
+def rsp_peer(rsp_adapter_for) -> "EngineAdapter":
+    return rsp_adapter_for("hf-generate")
+
+
+@pytest.fixture(scope="session")
+def rsp_configs(rsp_options: RspOptions, rsp_adapter: "EngineAdapter") -> list["ConfigSpec"]:
+    from rsp_bench.engines import plan_configs
+    from rsp_bench.errors import HarnessInputError
+
+    supported = tuple(getattr(rsp_adapter, "modes", ()) or ())
+    if supported:
+        bad = [m for m in rsp_options.modes if m != "off" and m not in supported]
+        if bad:  # an adapter that declared no modes at registration is checked here, at first use
+            pytest.exit(f"--rsp-mode: engine {rsp_adapter.name!r} does not support mode {bad[0]!r} "
+                        f"(it supports {', '.join(supported)})", returncode=pytest.ExitCode.USAGE_ERROR)
+    return plan_configs(rsp_options.engine, rsp_options.modes, rsp_options.sensitivities)
+
+
+@pytest.fixture
+def rsp_config(request: pytest.FixtureRequest, rsp_configs: list["ConfigSpec"]) -> "ConfigSpec":
+    wanted = getattr(request, "param", None)
+    if wanted is None:
+        raise pytest.UsageError("rsp_config is parametrized by the rsp-bench plugin; do not request it indirectly")
+    for spec in rsp_configs:
+        if spec.config_id == wanted:
+            return spec
+    raise LookupError(f"configuration {wanted!r} is not in rsp_configs")
+
+
+@pytest.fixture(scope="session")
+def rsp_reference_outputs(pytestconfig: pytest.Config, rsp_adapter_for, rsp_engine):
+    from rsp_bench import distributed
+    from rsp_bench.engines import ConfigSpec, pruning_config
+    from rsp_bench.quality import ReferenceOutputs, reference_cache_dir
+
+    spec = ConfigSpec("reference/off", "reference", "off", None, {}, pruning_config("off"))
+    # Workers share one on-disk copy of each reference set (computed once, under a file lock);
+    # a single process keeps them in memory only.
+    disk = reference_cache_dir(rsp_engine.weights_sha256) if distributed.worker_id(pytestconfig) else None
+    return ReferenceOutputs(rsp_adapter_for("reference"), spec, disk=disk)
+
+
+def _stderr_progress(message: str) -> None:
+    print(f"[rsp-bench] {message}", file=sys.stderr, flush=True)
+

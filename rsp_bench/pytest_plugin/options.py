@@ -1,0 +1,201 @@
+"""The --rsp-* command-line options of the rsp-bench pytest plugin: ``pytest_addoption``,
+the markers, and the parsing and checking of the options into the frozen ``RspOptions``
+(``_parse_options``, called once by the plugin's pytest_configure; bad values are
+pytest.UsageError naming the flag).
+
+Must NOT import rsp_bench.plugin or the other rsp_bench.pytest_plugin modules (they import
+this one). Must NOT import torch, transformers, reference_engine or rsp_bench.quality at module
+import (pytest loads the plugin for every run): anything heavy is imported inside the
+function that needs it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MARKERS = {
+    "equivalence": "output equivalence of pruned vs unpruned generation (rsp-bench quality suite)",
+    "extraction": "SQuAD and structured-extraction F1, pruned vs unpruned (rsp-bench quality suite)",
+    "throughput": "decode speed and projected GPU figures (rsp-bench speed suite)",
+    "adversarial": "odd and adversarial inputs, protective degradation (rsp-bench)",
+    "lm_eval": "lm-evaluation-harness tasks through the engine adapter (rsp-bench)",
+    "gpu": "needs a CUDA device; skipped without one",
+    "reference_only": "exercises the reference engine itself; skipped under another --rsp-engine",
+    "docs": "a documentation page's examples, run as written",
+}
+# Markers whose tests, when they run, name a suite in the run record.
+SUITE_MARKERS = ("equivalence", "extraction", "throughput", "adversarial", "lm_eval")
+
+DEFAULT_SENSITIVITIES = "0.25,0.5,1.0"
+DEFAULT_RESULTS = "results/local"
+DEFAULT_BASELINES = "results/baselines"
+QUICK_SENSITIVITIES = "0.5"
+# Modes a --rsp-mode may name for the reference engine; "static" needs a block list, which
+# the static-shortgpt / static-random baselines supply.
+REFERENCE_MODES = ("off", "lossy", "lossless")
+_MODE_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class RspOptions:
+    """The --rsp-* options, parsed and checked once in pytest_configure."""
+
+    model: str | None
+    sensitivities: tuple[float, ...]
+    modes: tuple[str, ...]
+    engine: str
+    quick: bool
+    results_dir: Path
+    update_baseline: bool
+    gate: bool
+    max_new_tokens: int | None = None
+    subset_seed: int = 0  # which seeded subset of the fixtures the suites draw; 0 = the baseline's
+    baselines_dir: Path = Path("results") / "baselines"
+    ci: bool = False
+    engine_url: str | None = None
+    engine_model: str | None = None
+
+
+# --------------------------------------------------------------------------- options
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rsp-bench", "rsp-bench: residual-stream pruning benchmark")
+    group.addoption("--rsp-model", metavar="PATH", default=None,
+                    help="model folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    group.addoption("--rsp-sensitivity", metavar="LIST", default=None,
+                    help=f"comma-separated sensitivities in [0, 1] (default {DEFAULT_SENSITIVITIES}; "
+                         f"{QUICK_SENSITIVITIES} with --rsp-quick)")
+    group.addoption("--rsp-mode", metavar="LIST", default=None,
+                    help="comma-separated pruning modes, e.g. lossy,lossless (default lossy); "
+                         "reference/off always runs")
+    group.addoption("--rsp-engine", metavar="NAME", default="reference",
+                    help="engine adapter under test (registry name; default reference)")
+    group.addoption("--rsp-quick", action="store_true", default=False,
+                    help="small fixed subsets for CI")
+    group.addoption("--rsp-results", metavar="DIR", default=DEFAULT_RESULTS,
+                    help=f"where run records go (DIR/runs; default {DEFAULT_RESULTS}, git-ignored; "
+                         "pass results to publish)")
+    group.addoption("--rsp-baselines", metavar="DIR", default=DEFAULT_BASELINES,
+                    help=f"baselines folder read by the gate and written by --rsp-update-baseline "
+                         f"(default {DEFAULT_BASELINES})")
+    group.addoption("--rsp-ci", action="store_true", default=False,
+                    help="CI mode: a configuration with no baseline, or a run that gated nothing, fails")
+    group.addoption("--rsp-engine-url", metavar="URL", default=None,
+                    help="base URL of a served engine (for --rsp-engine openai), e.g. http://127.0.0.1:8000/v1")
+    group.addoption("--rsp-engine-model", metavar="NAME", default=None,
+                    help="model name to ask a served engine for (default: the first of its /v1/models)")
+    group.addoption("--rsp-update-baseline", action="store_true", default=False,
+                    help="promote this session's run record to the baseline (no gating)")
+    group.addoption("--rsp-no-gate", action="store_true", default=False,
+                    help="write the record but do not compare it with the baseline")
+    group.addoption("--rsp-max-new-tokens", metavar="N", default=None,
+                    help="override every suite's max_new_tokens")
+    group.addoption("--rsp-subset-seed", metavar="N", default="0",
+                    help="seed of the fixture subsets the suites draw (default 0, the baseline's); "
+                         "another seed checks that figures reproduce on prompts nobody tuned to, "
+                         "and is never gated")
+
+
+def parse_sensitivities(text: str) -> tuple[float, ...]:
+    """``"0.25,0.5,1.0"`` -> (0.25, 0.5, 1.0), order kept, duplicates dropped.
+
+    Raises pytest.UsageError naming the bad value: these come from the command line.
+    """
+    values: list[float] = []
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise pytest.UsageError(f"--rsp-sensitivity: no value given in {text!r} (expected e.g. 0.25,0.5,1.0)")
+    for part in parts:
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise pytest.UsageError(
+                f"--rsp-sensitivity: {part!r} is not a number in [0, 1] (expected a list such as 0.25,0.5,1.0)")
+        if value not in values:
+            values.append(value)
+    return tuple(values)
+
+
+def parse_modes(text: str, engine: str) -> tuple[str, ...]:
+    """``"lossy,lossless"`` -> ("lossy", "lossless"); the reference engine's are checked here,
+    a third-party engine's against its adapter when it is built."""
+    modes: list[str] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not _MODE_NAME.match(part):
+            raise pytest.UsageError(f"--rsp-mode: {part!r} is not a mode name (expected e.g. lossy,lossless)")
+        if engine == "reference" and part not in REFERENCE_MODES:
+            hint = " (static baselines run as the static-shortgpt / static-random rows)" if part == "static" else ""
+            raise pytest.UsageError(
+                f"--rsp-mode: {part!r} is not a mode of the reference engine; use one of {', '.join(REFERENCE_MODES)}{hint}")
+        if part not in modes:
+            modes.append(part)
+    return tuple(modes)
+
+
+def _parse_options(config: pytest.Config) -> RspOptions:
+    from rsp_bench.engines import available_engines, declared_modes  # light: no torch
+    from rsp_bench.errors import HarnessInputError
+
+    quick = bool(config.getoption("--rsp-quick"))
+    raw_sens = config.getoption("--rsp-sensitivity")
+    sensitivities = parse_sensitivities(raw_sens if raw_sens is not None else
+                                        (QUICK_SENSITIVITIES if quick else DEFAULT_SENSITIVITIES))
+    engine = str(config.getoption("--rsp-engine")).strip()
+    if engine not in available_engines():
+        raise pytest.UsageError(f"--rsp-engine: unknown engine {engine!r}; available: {', '.join(available_engines())}")
+    try:
+        supported = declared_modes(engine)
+    except HarnessInputError as exc:
+        raise pytest.UsageError(f"--rsp-engine: {exc}") from None
+    raw_modes = config.getoption("--rsp-mode")
+    if raw_modes is None:
+        # The default is lossy, for an engine that has it; an engine that declared other modes
+        # (llama-cpp: "off", one configuration per quantization rung) runs those.
+        raw_modes = "lossy" if supported is None or "lossy" in supported else ",".join(supported)
+    modes = parse_modes(raw_modes, engine)
+    if supported is not None:
+        bad = [m for m in modes if m not in supported]
+        if bad:
+            raise pytest.UsageError(f"--rsp-mode: engine {engine!r} does not support mode {bad[0]!r} "
+                                    f"(it supports {', '.join(supported)})")
+    raw_max = config.getoption("--rsp-max-new-tokens")
+    max_new: int | None = None
+    if raw_max is not None:
+        try:
+            max_new = int(raw_max)
+        except ValueError:
+            max_new = 0
+        if max_new < 1:
+            raise pytest.UsageError(f"--rsp-max-new-tokens: {raw_max!r} is not an integer >= 1")
+    raw_seed = str(config.getoption("--rsp-subset-seed"))
+    if not raw_seed.isdigit():
+        raise pytest.UsageError(f"--rsp-subset-seed: {raw_seed!r} is not an integer >= 0")
+    subset_seed = int(raw_seed)
+    if subset_seed and config.getoption("--rsp-update-baseline"):
+        raise pytest.UsageError(f"--rsp-update-baseline needs the baseline's prompts: drop --rsp-subset-seed {raw_seed}")
+    folders = {}
+    for flag in ("--rsp-results", "--rsp-baselines"):
+        folder = Path(config.getoption(flag)).expanduser()
+        if not folder.is_absolute():
+            folder = Path(config.invocation_params.dir) / folder
+        if folder.exists() and not folder.is_dir():
+            raise pytest.UsageError(f"{flag}: {str(folder)!r} exists and is not a folder")
+        folders[flag] = folder
+    results = folders["--rsp-results"]
+    model = config.getoption("--rsp-model")
+    if model is not None and not Path(model).expanduser().exists():
+        raise pytest.UsageError(f"--rsp-model: {model!r} does not exist (a model folder or .gguf file)")
+    return RspOptions(model=model, sensitivities=sensitivities, modes=modes, engine=engine, quick=quick,
+                      results_dir=results, update_baseline=bool(config.getoption("--rsp-update-baseline")),
+                      gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new,
+                      subset_seed=subset_seed, baselines_dir=folders["--rsp-baselines"],
+                      ci=bool(config.getoption("--rsp-ci")), engine_url=config.getoption("--rsp-engine-url"),
+                      engine_model=config.getoption("--rsp-engine-model"))
