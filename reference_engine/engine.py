@@ -48,6 +48,39 @@ def weights_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+KERNEL_ENV = "RSP_DECODE_KERNEL"
+
+
+def default_decode_kernel(environ: dict[str, str] | None = None) -> str:
+    """The decode kernel an engine starts with (``engine.decode_kernel`` changes it later).
+
+    ``RSP_DECODE_KERNEL`` = "auto" (the default), "native", "numpy" or "torch". "auto" is
+    "native" (decode_native: the whole step in one C call, about 1.5x torch here) when a C
+    compiler builds it, else "torch" with one warning. "torch" runs transformers' own kernels;
+    "native" sums in another order, measured to flip no greedy token on the suites' prompt sets
+    nor on held-out ones (scripts/measure_kernel_flips.py), and the equivalence suite re-checks
+    pruning off against transformers on every run, whichever kernel runs.
+    """
+    import os
+
+    from .decode_native import NativeKernelUnavailable, load_library
+    from .model import DECODE_KERNELS
+
+    raw = (os.environ if environ is None else environ).get(KERNEL_ENV, "auto") or "auto"
+    if raw not in ("auto", *DECODE_KERNELS):
+        raise ValueError(f"{KERNEL_ENV}={raw!r} must be auto, {', '.join(DECODE_KERNELS)}")
+    if raw not in ("auto", "native"):
+        return raw
+    try:
+        load_library()
+    except NativeKernelUnavailable as exc:
+        if raw == "native":
+            raise
+        log.warning("decode kernel: torch (the native kernel is unavailable: %s)", str(exc).splitlines()[0])
+        return "torch"
+    return "native"
+
+
 class Engine:
     """A loaded model plus its calibration. Thread-compatible, not thread-safe."""
 
@@ -66,9 +99,7 @@ class Engine:
         self._calibration: calib_mod.Calibration | None = None
         self._bypass: list[BypassMap | None] | None = None
         self._stream: torch.Tensor | None = None
-        # "torch": bit-identical to transformers (the default, and what equivalence relies on);
-        # "numpy": the same math on OpenBLAS, faster, last-bit differences (model.decode_step).
-        self.decode_kernel = "torch"
+        self.decode_kernel = default_decode_kernel()
 
     # ---- loading ----
     @classmethod

@@ -8,8 +8,10 @@ Weights are re-laid once at load for batch-1 decode speed: q/k/v fused into one 
 gate/up fused into another, so each block reads its weights in four matrix products.
 The arithmetic mirrors ``transformers``' Llama (same RMSNorm, RoPE table and SDPA call) so that
 with every block kept, greedy output equals ``model.generate`` token for token. The decode step
-has a second, faster kernel (``decode_step(kernel="numpy")``, in decode_numpy.py): the same math
-on OpenBLAS, equal to float32 rounding but not bit for bit; "torch" stays the default.
+has two other kernels with the same math, equal to float32 rounding but not bit for bit:
+"native" (decode_native.py: the whole step in one C call, the engine's default where a C
+compiler builds it, about 1.5x this one) and "numpy" (decode_numpy.py, OpenBLAS GEMV). This
+file's torch kernel is the one transformers runs, and what prefill and lossless mode use.
 
 Must not import the harness (``rsp_bench``) or anything from the router: this file is the math.
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .decode_native import decode_step_native
 from .decode_numpy import decode_step_numpy
 
 Tensor = torch.Tensor
@@ -259,7 +262,7 @@ class BypassMap:
     up: Tensor  # [r, D]
 
 
-DECODE_KERNELS = ("torch", "numpy")
+DECODE_KERNELS = ("torch", "numpy", "native")
 
 
 def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: Tensor,
@@ -272,10 +275,13 @@ def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: T
     boundary so the router can measure updates without extra work inside the loop.
     ``kernel``: "torch" (the exact path: the same kernels as ``transformers``, bit for bit) or
     "numpy" (``decode_numpy``: same math over zero-copy numpy views; OpenBLAS sums in another
-    order, so logits differ in the last bits). Returns logits [B, V].
+    order, so logits differ in the last bits) or "native" (``decode_native``: the same math as
+    numpy's in one C call, compiled on first use; needs a C compiler). Returns logits [B, V].
     """
     if kernel == "numpy":
         return decode_step_numpy(w, cache, token_ids, positions, key_valid, keep, bypass, stream)
+    if kernel == "native":
+        return decode_step_native(w, cache, token_ids, positions, key_valid, keep, bypass, stream)
     if kernel != "torch":
         raise ValueError(f"decode kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
     dims = w.dims

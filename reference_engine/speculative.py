@@ -1,7 +1,7 @@
 """Lossless mode: self-speculative greedy decoding whose output is exactly the pruning-off output.
 
-Each decode step either runs one plain full-model token (``model.decode_step``, exactly what mode
-"off" runs) or drafts k tokens and checks them with ONE full forward pass over k+1 positions.
+Each decode step either runs one plain full-model token (``model.decode_step`` on the engine's
+decode kernel, exactly what mode "off" runs) or drafts k tokens and checks them with ONE full forward pass over k+1 positions.
 
 - **Draft sources.** Prompt lookup: the last n tokens (n = 3, 2, 1) are looked up in the prompt
   plus the output so far, and the tokens that followed their latest earlier occurrence are copied
@@ -435,7 +435,7 @@ class _RowDecoder:
         contaminated = self._contaminated
         t0 = time.perf_counter()
         logits = decode_step(self.w, self.cache, torch.tensor([self.out[-1]]), torch.tensor([start]),
-                             self.key_valid, None, None, None)[0]
+                             self.key_valid, None, None, None, kernel=self.engine.decode_kernel)[0]
         self.plain_steps += 1
         self.copy_from = None
         L = self.engine.dims.n_layers
@@ -506,7 +506,8 @@ class _RowDecoder:
         drafts = []
         for i in range(k):
             logits = decode_step(self.w, self.cache, torch.tensor([tok]), torch.tensor([start + i]),
-                                 self.key_valid, self.keep, self.engine._bypass, None)
+                                 self.key_valid, self.keep, self.engine._bypass, None,
+                                 kernel=self.engine.decode_kernel)
             tok = int(logits[0].argmax())
             drafts.append(tok)
         self.bypassed += k * (len(self.keep) - sum(self.keep))
@@ -523,7 +524,7 @@ class _RowDecoder:
         replayed = 0
         for p in range(self.clean, len(seq)):
             logits = decode_step(self.w, self.cache, torch.tensor([seq[p]]), torch.tensor([p]),
-                                 self.key_valid, None, None, None)[0]
+                                 self.key_valid, None, None, None, kernel=self.engine.decode_kernel)[0]
             replayed += 1
             nxt = int(logits.argmax())
             if p + 1 < len(seq) and nxt != seq[p + 1]:

@@ -1,14 +1,16 @@
 """How often greedy output flips when the decode kernel changes (issue 14).
 
-The engine has two decode kernels (reference_engine.model.decode_step): "torch", bit-identical to
-``transformers``, and "numpy" (reference_engine.decode_numpy), the same math on OpenBLAS GEMV,
-which sums in another order. For every equivalence prompt (fixtures) and every held-out prompt
-below (written for this measurement, never tuned on), this runs greedy generation, pruning off,
-batch 1, on both kernels and reports whether the tokens are identical, where they first differ
-and the exact kernel's top-2 logit margin there. On the held-out prompts ``model.generate`` runs
-too, so both kernels are also compared with ``transformers`` directly.
+The engine's decode kernels (reference_engine.model.decode_step): "torch", bit-identical to
+``transformers``; "numpy" (reference_engine.decode_numpy), the same math on OpenBLAS GEMV; and
+"native" (reference_engine.decode_native), the same math in one C call. The fast ones sum in
+another order. For every equivalence prompt (fixtures) and every held-out prompt below (written
+for this measurement, never tuned on), this runs greedy generation, pruning off, batch 1, on the
+exact kernel and each fast kernel and reports whether the tokens are identical, where they first
+differ and the exact kernel's top-2 logit margin there. On the held-out prompts ``model.generate``
+runs too, so every kernel is also compared with ``transformers`` directly.
 
-    python scripts/measure_kernel_flips.py --tokens 24 --threads 1 --out results/kernel_flips.json
+    python scripts/measure_kernel_flips.py --tokens 24 --threads 1 --kernels numpy,native \
+        --out results/kernel_flips.json
 
 Imports the reference engine and the harness's fixtures; writes one JSON file atomically.
 """
@@ -45,28 +47,35 @@ HELDOUT = [
 ]
 
 
-def compare(engine: Engine, prompt: str, tokens: int, with_hf: bool) -> dict:
+def compare(engine: Engine, prompt: str, tokens: int, with_hf: bool, kernels: list[str]) -> dict:
     cfg = PruningConfig(mode="off", log_level="NONE")
     out = {}
-    for kernel in ("torch", "numpy"):
+    for kernel in ["torch", *kernels]:
         engine.decode_kernel = kernel
         r = engine.generate([prompt], max_new_tokens=tokens, config=cfg, return_logits=True)[0]
         out[kernel] = (r.token_ids, r.logits)
     engine.decode_kernel = "torch"
-    a, b = out["torch"][0], out["numpy"][0]
-    div = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if div is None and len(a) != len(b):
-        div = min(len(a), len(b))
-    margin = None
-    if div is not None and div < len(out["torch"][1]):
-        top = out["torch"][1][div].topk(2).values
-        margin = float(top[0] - top[1])
-    row = {"prompt": prompt, "tokens": len(a), "identical": a == b, "first_divergence": div,
-           "torch_top2_margin_there": margin}
+    a = out["torch"][0]
+    row: dict = {"prompt": prompt, "tokens": len(a), "kernels": {}}
+    hf_tokens = None
     if with_hf:
-        hf = hf_generate_call(engine.hf_model, [engine.encode(prompt)], tokens, engine.pad_id, engine.eos_id)()
-        row["torch_equals_hf"] = hf.tokens[0][:len(a)] == a
-        row["numpy_equals_hf"] = hf.tokens[0][:len(b)] == b
+        hf_tokens = hf_generate_call(engine.hf_model, [engine.encode(prompt)], tokens, engine.pad_id,
+                                     engine.eos_id)().tokens[0]
+        row["torch_equals_hf"] = hf_tokens[:len(a)] == a
+    for kernel in kernels:
+        b = out[kernel][0]
+        div = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if div is None and len(a) != len(b):
+            div = min(len(a), len(b))
+        margin = None
+        if div is not None and div < len(out["torch"][1]):
+            top = out["torch"][1][div].topk(2).values
+            margin = float(top[0] - top[1])
+        k = {"identical": a == b, "first_divergence": div, "torch_top2_margin_there": margin}
+        if hf_tokens is not None:
+            k["equals_hf"] = hf_tokens[:len(b)] == b
+        row["kernels"][kernel] = k
+    row["identical"] = all(k["identical"] for k in row["kernels"].values())
     return row
 
 
@@ -75,8 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=24, help="new tokens per prompt (default 24, the quick suite's)")
     p.add_argument("--threads", type=int, default=1, help="torch and BLAS threads (default 1)")
     p.add_argument("--limit", type=int, default=None, help="first N equivalence prompts only")
+    p.add_argument("--kernels", default="numpy,native",
+                   help="fast kernels to compare with the exact torch kernel, comma-separated (default numpy,native)")
     p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
     args = p.parse_args(argv)
+    from reference_engine.model import DECODE_KERNELS
+
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    bad = [k for k in kernels if k not in DECODE_KERNELS or k == "torch"]
+    if bad or not kernels:
+        print(f"error: --kernels takes fast kernels among {DECODE_KERNELS[1:]}, got {args.kernels!r}", file=sys.stderr)
+        return 2
     if args.tokens < 1 or args.threads < 1:
         print(f"error: --tokens and --threads must be >= 1, got {args.tokens}, {args.threads}", file=sys.stderr)
         return 2
@@ -86,14 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     threadpool_limits(args.threads)
     engine = Engine.load(calibrate=False)  # pruning off needs no calibration
     eq = [x.text for x in load_prompts()][:args.limit]
-    result: dict = {"tokens": args.tokens, "threads": args.threads}
+    result: dict = {"tokens": args.tokens, "threads": args.threads, "kernels": kernels}
     for name, prompts in (("equivalence", eq), ("heldout", HELDOUT)):
         rows = []
         for prompt in prompts:
-            rows.append(compare(engine, prompt, args.tokens, with_hf=name == "heldout"))
-            print(name, rows[-1]["identical"], rows[-1]["first_divergence"], prompt[:60], flush=True)
-        result[name] = {"prompts": len(rows), "identical": sum(r["identical"] for r in rows), "rows": rows}
-    summary = {k: f"{v['identical']}/{v['prompts']} identical" for k, v in result.items() if isinstance(v, dict)}
+            rows.append(compare(engine, prompt, args.tokens, with_hf=name == "heldout", kernels=kernels))
+            flips = " ".join(f"{k}={v['identical']}@{v['first_divergence']}" for k, v in rows[-1]["kernels"].items())
+            print(name, flips, prompt[:60], flush=True)
+        result[name] = {"prompts": len(rows), "identical": sum(r["identical"] for r in rows),
+                        "identical_by_kernel": {k: sum(r["kernels"][k]["identical"] for r in rows) for k in kernels},
+                        "rows": rows}
+    summary = {f"{name}/{k}": f"{n}/{result[name]['prompts']} identical"
+               for name in ("equivalence", "heldout") for k, n in result[name]["identical_by_kernel"].items()}
     print(summary)
     if args.out:
         atomic_write_json(args.out, result)

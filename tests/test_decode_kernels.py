@@ -1,7 +1,9 @@
-"""The engine's two decode kernels on the tiny model: "torch" (the exact path) and "numpy"
-(reference_engine.decode_numpy, OpenBLAS GEMV over zero-copy views). Same math: logits agree to
-float32 rounding, the KV cache and residual-stream side effects are the same, block bypass and
-padding behave the same, and the exact path stays the engine's default.
+"""The engine's decode kernels on the tiny model: "torch" (the exact path), "numpy"
+(reference_engine.decode_numpy, OpenBLAS GEMV over zero-copy views) and "native"
+(reference_engine.decode_native, the whole step in one C call, compiled on first use). Same math:
+logits agree to float32 rounding, the KV cache and residual-stream side effects are the same,
+block bypass and padding behave the same, and the exact path stays the engine's default. Without
+a C compiler the native kernel names what is missing.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from reference_engine import decode_native  # noqa: E402
 from reference_engine.model import BypassMap, KVCache, decode_step, prefill  # noqa: E402
 
 PROMPTS = ["hello there", "12345 + 678 = ", "def add(a, b):"]
 ATOL = 2e-4  # float32 logits of a 6-block model: summation order moves them by ~1e-6
+FAST = ["numpy", "native"]
 
 
 def _start(engine, prompts, extra):
@@ -55,15 +59,31 @@ def _run_forced(engine, prompts, kernel, tokens, keep=None, bypass=None):
     return out, streams, cache
 
 
-def test_exact_kernel_is_the_default(tiny_engine):
-    assert tiny_engine.decode_kernel == "torch"
+def test_the_default_kernel_is_native_where_it_builds_and_the_env_chooses(tiny_engine, monkeypatch):
+    from reference_engine.engine import KERNEL_ENV, default_decode_kernel
+
+    assert tiny_engine.decode_kernel == default_decode_kernel() == "native"  # cc is on this project's machines
+    assert default_decode_kernel({KERNEL_ENV: "torch"}) == "torch"
+    with pytest.raises(ValueError, match="RSP_DECODE_KERNEL='cuda'"):
+        default_decode_kernel({KERNEL_ENV: "cuda"})
+    # no compiler: "auto" falls back to the torch kernel, an explicit "native" says why it cannot
+    import reference_engine.decode_native as native
+
+    def unavailable():
+        raise native.NativeKernelUnavailable("the native decode kernel needs a C compiler")
+
+    monkeypatch.setattr(native, "load_library", unavailable)
+    assert default_decode_kernel({}) == "torch"
+    with pytest.raises(native.NativeKernelUnavailable, match="needs a C compiler"):
+        default_decode_kernel({KERNEL_ENV: "native"})
 
 
+@pytest.mark.parametrize("kernel", FAST)
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch3-padded"])
-def test_numpy_kernel_matches_torch_kernel(tiny_engine, prompts):
+def test_fast_kernel_matches_torch_kernel(tiny_engine, prompts, kernel):
     ref, ref_streams, _ = _run(tiny_engine, prompts, "torch", 8)
     tokens = [l.argmax(-1) for l in ref]
-    fast, fast_streams, _ = _run_forced(tiny_engine, prompts, "numpy", tokens)
+    fast, fast_streams, _ = _run_forced(tiny_engine, prompts, kernel, tokens)
     exact, exact_streams, _ = _run_forced(tiny_engine, prompts, "torch", tokens)
     for a, b in zip(exact, ref):
         assert torch.equal(a, b)  # forcing the torch kernel's own tokens reproduces it exactly
@@ -73,7 +93,8 @@ def test_numpy_kernel_matches_torch_kernel(tiny_engine, prompts):
         assert torch.allclose(sa, sb, atol=ATOL, rtol=0)
 
 
-def test_numpy_kernel_cache_and_bypass_match(tiny_engine):
+@pytest.mark.parametrize("kernel", FAST)
+def test_fast_kernel_cache_and_bypass_match(tiny_engine, kernel):
     d = tiny_engine.dims
     keep = [True, False, True, False, True, True][:d.n_layers]
     gen = torch.Generator().manual_seed(0)
@@ -82,7 +103,7 @@ def test_numpy_kernel_cache_and_bypass_match(tiny_engine):
     ref, _, _ = _run(tiny_engine, PROMPTS[:2], "torch", 6, keep, bypass)
     tokens = [l.argmax(-1) for l in ref]
     exact, _, c_exact = _run_forced(tiny_engine, PROMPTS[:2], "torch", tokens, keep, bypass)
-    fast, _, c_fast = _run_forced(tiny_engine, PROMPTS[:2], "numpy", tokens, keep, bypass)
+    fast, _, c_fast = _run_forced(tiny_engine, PROMPTS[:2], kernel, tokens, keep, bypass)
     assert c_exact.length == c_fast.length
     for layer in range(d.n_layers):  # bypassed blocks still wrote their K/V, on both kernels
         assert torch.allclose(c_exact.k[layer], c_fast.k[layer], atol=ATOL, rtol=0)
@@ -91,10 +112,11 @@ def test_numpy_kernel_cache_and_bypass_match(tiny_engine):
         assert torch.allclose(a, b, atol=ATOL, rtol=0)
 
 
-def test_engine_generate_on_numpy_kernel(tiny_engine):
+@pytest.mark.parametrize("kernel", FAST)
+def test_engine_generate_on_fast_kernel(tiny_engine, kernel):
     before = tiny_engine.decode_kernel
     try:
-        tiny_engine.decode_kernel = "numpy"
+        tiny_engine.decode_kernel = kernel
         [fast] = tiny_engine.generate([PROMPTS[2]], max_new_tokens=8, mode="off", log_level="NONE",
                                       return_logits=True)
     finally:
@@ -111,3 +133,78 @@ def test_unknown_kernel_is_named(tiny_engine):
     cache, valid, pos, tok = _start(tiny_engine, PROMPTS[:1], 2)
     with pytest.raises(ValueError, match="'cuda-graphs'"):
         decode_step(tiny_engine.weights, cache, tok, pos, valid, None, None, None, kernel="cuda-graphs")
+
+
+def test_native_kernel_greedy_output_equals_torch(tiny_engine):
+    """Greedy generation, pruning off, batch 1 and a padded batch: the same tokens on both kernels."""
+    before = tiny_engine.decode_kernel
+    prompts = PROMPTS + ["Once upon a time", "the quick brown fox"]
+    try:
+        tiny_engine.decode_kernel = "native"
+        fast = [r.token_ids for r in tiny_engine.generate(prompts, max_new_tokens=12, mode="off", log_level="NONE")]
+        fast1 = [tiny_engine.generate([p], max_new_tokens=12, mode="off", log_level="NONE")[0].token_ids
+                 for p in prompts]
+    finally:
+        tiny_engine.decode_kernel = before
+    exact = [r.token_ids for r in tiny_engine.generate(prompts, max_new_tokens=12, mode="off", log_level="NONE")]
+    exact1 = [tiny_engine.generate([p], max_new_tokens=12, mode="off", log_level="NONE")[0].token_ids
+              for p in prompts]
+    assert fast == exact and fast1 == exact1
+
+
+def test_native_kernel_bypass_identity_and_map(tiny_engine):
+    """A bypassed block without a map leaves the stream unchanged; with one it adds (h @ down) @ up."""
+    d = tiny_engine.dims
+    keep = [True, False, False, True, True, True][:d.n_layers]
+    gen = torch.Generator().manual_seed(1)
+    lin = BypassMap(0.05 * torch.randn(d.hidden, 3, generator=gen), 0.05 * torch.randn(3, d.hidden, generator=gen))
+    bypass = [None, None, lin] + [None] * (d.n_layers - 3)
+    ref, _, _ = _run(tiny_engine, PROMPTS[:1], "torch", 3, keep, bypass)
+    tokens = [l.argmax(-1) for l in ref]
+    _, streams, _ = _run_forced(tiny_engine, PROMPTS[:1], "native", tokens, keep, bypass)
+    _, exact_streams, _ = _run_forced(tiny_engine, PROMPTS[:1], "torch", tokens, keep, bypass)
+    for s, e in zip(streams, exact_streams):
+        assert torch.equal(s[2], s[1])  # block 1 bypassed, no map: identity, bit for bit
+        h = s[2]
+        assert torch.allclose(s[3], h + (h @ lin.down) @ lin.up, atol=1e-6, rtol=0)
+        assert torch.allclose(s, e, atol=ATOL, rtol=0)
+
+
+def test_native_gemv_matches_matmul():
+    gen = torch.Generator().manual_seed(2)
+    for n, k, b in [(37, 19, 1), (64, 576, 1), (130, 33, 3)]:  # tails of the 16-wide and 4-row loops
+        w, x = torch.randn(n, k, generator=gen), torch.randn(b, k, generator=gen)
+        for threads in (1, 2):
+            assert torch.allclose(decode_native.gemv(w, x, threads), x @ w.T, atol=1e-4, rtol=1e-5)
+
+
+def test_native_kernel_without_compiler_names_what_is_missing(tiny_engine, monkeypatch):
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(decode_native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(decode_native, "_LIB", None)
+    monkeypatch.setattr(decode_native, "library_path", lambda cc=None: __import__("pathlib").Path("/nonexistent.so"))
+    cache, valid, pos, tok = _start(tiny_engine, PROMPTS[:1], 2)
+    with pytest.raises(decode_native.NativeKernelUnavailable, match="C compiler.*cc, gcc, clang"):
+        decode_step(tiny_engine.weights, cache, tok, pos, valid, None, None, None, kernel="native")
+    monkeypatch.setenv("CC", "no-such-compiler-xyz")
+    with pytest.raises(decode_native.NativeKernelUnavailable, match="no-such-compiler-xyz"):
+        decode_native.find_compiler()
+    assert cache.length == pos.item()  # nothing was written: the exact path is still usable
+
+
+def test_native_kernel_is_bit_identical_across_threads(tiny_engine):
+    """Each row's dot product and each head's attention run on one thread, whole: the thread count
+    moves work, not summation order, so 1 and 2 threads give the same bits."""
+    before = torch.get_num_threads()
+    ref, _, _ = _run(tiny_engine, PROMPTS, "torch", 4)
+    tokens = [l.argmax(-1) for l in ref]
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(_run_forced(tiny_engine, PROMPTS, "native", tokens))
+    finally:
+        torch.set_num_threads(before)
+    (l1, s1, c1), (l2, s2, c2) = outs
+    assert all(torch.equal(a, b) for a, b in zip(l1, l2)) and all(torch.equal(a, b) for a, b in zip(s1, s2))
+    assert all(torch.equal(a, b) for a, b in zip(c1.k, c2.k))

@@ -400,7 +400,7 @@ def test_targets_without_setup_still_make_whole_rounds():
 def test_bench_kernel_options_parse_and_name_bad_values():
     parse = speed.configure_bench_parser(argparse.ArgumentParser()).parse_args
     args = parse([])
-    assert args.kernel == "torch" and args.compare_kernels is None  # exact path by default
+    assert args.kernel is None and args.compare_kernels is None  # the engine's own kernel by default
     args = parse(["--kernel", "numpy", "--compare-kernels", "none", "--lossless", "--llama-cpp"])
     assert args.kernel == "numpy" and args.compare_kernels == [] and args.lossless and args.llama_cpp
     assert parse(["--compare-kernels", "numpy,torch"]).compare_kernels == ["numpy", "torch"]

@@ -55,6 +55,8 @@ def rsp_engine(pytestconfig: pytest.Config, rsp_options: RspOptions, rsp_record:
     _state(pytestconfig).engine = engine
     rsp_record.set_model(engine.name, str(rsp_options.model or engine.folder), engine.weights_sha256)
     rsp_record.set_extra("model_load_s", round(time.monotonic() - t0, 3))
+    # Which decode kernel produced the figures (RSP_DECODE_KERNEL; native sums in another order).
+    rsp_record.set_extra("decode_kernel", engine.decode_kernel)
     return engine
 
 

@@ -199,9 +199,11 @@ def configure_bench_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--sensitivity", type=_float_list, default=[0.5],
                    help="pruned configurations, comma-separated sensitivities (default 0.5)")
     p.add_argument("--no-hf", action="store_true", help="leave model.generate out")
-    p.add_argument("--kernel", choices=DECODE_KERNELS, default="torch",
-                   help="decode kernel of reference/off and the pruned configurations: torch (exact, "
-                        "bit-identical to transformers; default) or numpy (OpenBLAS GEMV, faster, last-bit "
+    p.add_argument("--kernel", choices=DECODE_KERNELS, default=None,
+                   help="decode kernel of reference/off and the pruned configurations (default: the "
+                        "engine's, RSP_DECODE_KERNEL=auto: native where a C compiler builds it, else "
+                        "torch): torch (transformers' own kernels), numpy (OpenBLAS GEMV, last-bit "
+                        "differences) or native (the whole step in C, compiled on first use; last-bit "
                         "differences)")
     p.add_argument("--compare-kernels", type=_kernel_list, default=None, metavar="K[,K]",
                    help="also run pruning off on these decode kernels, as reference/off/kernel=K "
@@ -214,7 +216,7 @@ def configure_bench_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     return p
 
 
-DECODE_KERNELS = ("torch", "numpy")  # reference_engine.model.DECODE_KERNELS, not imported: no model load
+DECODE_KERNELS = ("torch", "numpy", "native")  # reference_engine.model.DECODE_KERNELS, not imported: no model load
 
 
 def _kernel_list(text: str) -> list[str]:
@@ -249,10 +251,12 @@ def run_bench(args: argparse.Namespace) -> int:
         from reference_engine import Engine, PruningConfig
 
         engine = Engine.load(args.model)
+        if args.kernel is None:
+            args.kernel = engine.decode_kernel
         off = PruningConfig(mode="off", log_level="NONE")
         configs: dict[str, tuple[Any, str]] = {OFF_ID: (off, args.kernel)}
         others = args.compare_kernels if args.compare_kernels is not None else \
-            [k for k in DECODE_KERNELS if k != args.kernel]
+            [k for k in DECODE_KERNELS if k != args.kernel and (k != "native" or engine.decode_kernel == "native")]
         for k in others:
             if k != args.kernel:
                 configs[f"{OFF_ID}/kernel={k}"] = (off, k)

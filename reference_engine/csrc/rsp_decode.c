@@ -1,0 +1,361 @@
+/* One decode step of the reference engine's Llama model in C (reference_engine/decode_native.py).
+ *
+ * The math is decode_numpy.py's, step for step: RMSNorm, RoPE (rotate_half), grouped-query
+ * attention over the valid cached positions, the gated MLP (SiLU(gate) * up), the same block
+ * bypass (a bypassed block still writes its K/V, then the stream passes unchanged or through its
+ * low-rank map h + (h @ down) @ up), the residual stream written at every block boundary. Only
+ * the summation order inside the dot products differs (16-wide partial sums), so logits agree
+ * with the exact torch path to float32 rounding, not bit for bit.
+ *
+ * Why C: at batch 1 a decode step reads ~538 MB of fp32 weights through 121 matrix-vector
+ * products. A whole step is one call here: one OpenMP parallel region, rows of every matrix split
+ * across the threads, six barriers per block, no Python and no allocation per op.
+ *
+ * Weights are row-major [N, K] (y = W x), contiguous. The KV cache is [B, KV, T, hd] per layer.
+ * Built by decode_native.py with the system C compiler; -march=native picks AVX-512 or AVX2 paths,
+ * anything else takes the portable loop.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+typedef struct {
+    int64_t n_layers, D, F, H, KV, hd, V, max_positions;
+    float eps;
+    const float *embed, *final_norm, *lm_head, *cos, *sin;  /* cos, sin: [max_positions, hd] */
+    const float *const *attn_norm, *const *wqkv, *const *wo, *const *mlp_norm, *const *w_gate_up,
+        *const *w_down;
+} rsp_model;
+
+int rsp_abi_version(void) { return 1; }
+
+int rsp_simd_width(void) {
+#if defined(__AVX512F__)
+    return 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return 8;
+#else
+    return 1;
+#endif
+}
+
+int rsp_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* dot products of rows W[n..n+R) (R <= 4) with x, length K */
+static inline void dot_rows(const float *W, int64_t K, int R, const float *x, float *out) {
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
+           a3 = _mm512_setzero_ps();
+    const float *w0 = W, *w1 = W + K, *w2 = W + 2 * K, *w3 = W + 3 * K;
+    int64_t k = 0;
+    if (R == 4) {
+        for (; k + 16 <= K; k += 16) {
+            __m512 xv = _mm512_loadu_ps(x + k);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + k), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + k), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + k), xv, a3);
+        }
+        if (k < K) {
+            __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w1 + k), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w2 + k), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w3 + k), xv, a3);
+        }
+        out[0] = _mm512_reduce_add_ps(a0);
+        out[1] = _mm512_reduce_add_ps(a1);
+        out[2] = _mm512_reduce_add_ps(a2);
+        out[3] = _mm512_reduce_add_ps(a3);
+        return;
+    }
+    for (int r = 0; r < R; r++) {
+        const float *w = W + r * K;
+        __m512 a = _mm512_setzero_ps();
+        for (k = 0; k + 16 <= K; k += 16)
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a);
+        if (k < K) {
+            __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), a);
+        }
+        out[r] = _mm512_reduce_add_ps(a);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int r = 0; r < R; r++) {
+        const float *w = W + r * K;
+        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16) {
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a);
+            b = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), b);
+        }
+        for (; k + 8 <= K; k += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a);
+        a = _mm256_add_ps(a, b);
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        float t = _mm_cvtss_f32(s);
+        for (; k < K; k++) t += w[k] * x[k];
+        out[r] = t;
+    }
+#else
+    for (int r = 0; r < R; r++) {
+        const float *w = W + r * K;
+        float t = 0.0f;
+#pragma omp simd reduction(+ : t)
+        for (int64_t k = 0; k < K; k++) t += w[k] * x[k];
+        out[r] = t;
+    }
+#endif
+}
+
+/* y[b*ys + n] (+)= W[n] . x[b*xs], rows n in [n0, n1); accumulate adds to y (the residual) */
+static void gemv_rows(const float *W, int64_t K, int64_t n0, int64_t n1, const float *x, int64_t xs,
+                      int64_t B, float *y, int64_t ys, int accumulate) {
+    float o[4];
+    for (int64_t n = n0; n < n1; n += 4) {
+        int R = (int)(n1 - n < 4 ? n1 - n : 4);
+        for (int64_t b = 0; b < B; b++) {
+            dot_rows(W + n * K, K, R, x + b * xs, o);
+            float *yb = y + b * ys + n;
+            if (accumulate)
+                for (int r = 0; r < R; r++) yb[r] += o[r];
+            else
+                for (int r = 0; r < R; r++) yb[r] = o[r];
+        }
+    }
+}
+
+/* thread tid's share of n rows, in blocks of 16 rows (a 4-row kernel, whole cache lines of y) */
+static inline void share(int64_t n, int tid, int nt, int64_t *a, int64_t *b) {
+    int64_t blocks = (n + 15) / 16, per = blocks / nt, extra = blocks % nt;
+    int64_t s = tid * per + (tid < extra ? tid : extra), e = s + per + (tid < extra ? 1 : 0);
+    *a = s * 16 < n ? s * 16 : n;
+    *b = e * 16 < n ? e * 16 : n;
+}
+
+/* weight * (x * (1 / sqrt(mean(x^2) + eps))), as decode_numpy._rms (each thread its own copy) */
+static void rms(const float *x, const float *w, int64_t B, int64_t D, float eps, float *out) {
+    for (int64_t b = 0; b < B; b++) {
+        const float *xb = x + b * D;
+        float ss;
+        dot_rows(xb, D, 1, xb, &ss);
+        float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        for (int64_t d = 0; d < D; d++) out[b * D + d] = w[d] * (xb[d] * inv);
+    }
+}
+
+/* x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[half:], x[:half]); out may alias x */
+static void rope(const float *x, const float *c, const float *s, int64_t hd, float *out) {
+    float tmp[512];
+    int64_t half = hd / 2;
+    for (int64_t i = 0; i < hd; i++) {
+        float rot = i < half ? -x[i + half] : x[i - half];
+        tmp[i] = x[i] * c[i] + rot * s[i];
+    }
+    memcpy(out, tmp, (size_t)hd * sizeof(float));
+}
+
+/* Returns 0, or a negative code: -1 bad dims, -2 out of memory, -3 a token or position out of range. */
+int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int64_t T, int64_t B,
+                    int64_t start, const int64_t *tok, const int64_t *pos, const uint8_t *valid,
+                    int64_t valid_stride, const uint8_t *keep, const float *const *byp_down,
+                    const float *const *byp_up, const int64_t *byp_rank, float *stream, float *logits,
+                    int nthreads) {
+    const int64_t L = m->n_layers, D = m->D, F = m->F, H = m->H, KV = m->KV, hd = m->hd, V = m->V;
+    const int64_t qd = H * hd, kvd = KV * hd, QW = qd + 2 * kvd, G = H / KV, end = start + 1;
+    const float eps = m->eps, scale = (float)(1.0 / sqrt((double)hd));
+    if (hd > 512 || G * KV != H || start < 0 || end > T || B < 1) return -1;
+    for (int64_t b = 0; b < B; b++)
+        if (tok[b] < 0 || tok[b] >= V || pos[b] < 0 || pos[b] >= m->max_positions) return -3;
+    int64_t rmax = 0;
+    if (byp_rank)
+        for (int64_t l = 0; l < L; l++) rmax = byp_rank[l] > rmax ? byp_rank[l] : rmax;
+    float *h = malloc(sizeof(float) * (size_t)(B * D));
+    float *qkv = malloc(sizeof(float) * (size_t)(B * QW));
+    float *attn = malloc(sizeof(float) * (size_t)(B * qd));
+    float *gu = malloc(sizeof(float) * (size_t)(B * 2 * F));
+    float *act = malloc(sizeof(float) * (size_t)(B * F));
+    float *low = malloc(sizeof(float) * (size_t)(B * (rmax > 0 ? rmax : 1)));
+    int rc = 0;
+    if (!h || !qkv || !attn || !gu || !act || !low) {
+        rc = -2;
+        goto done;
+    }
+    for (int64_t b = 0; b < B; b++) memcpy(h + b * D, m->embed + tok[b] * D, sizeof(float) * (size_t)D);
+    if (stream) memcpy(stream, h, sizeof(float) * (size_t)(B * D));
+    if (nthreads < 1) nthreads = 1;
+
+#pragma omp parallel num_threads(nthreads)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int tid = 0, nt = 1;
+#endif
+        float *xn = malloc(sizeof(float) * (size_t)(B * (D > F ? D : F)));
+        float *sc = malloc(sizeof(float) * (size_t)end);
+        if (!xn || !sc) {
+#pragma omp atomic write
+            rc = -2;
+        }
+        int64_t a, e;
+        for (int64_t l = 0; l < L; l++) {
+            const int run = keep == NULL || keep[l];
+            float *K = kc[l], *Vc = vc[l];
+            if (rc == 0) rms(h, m->attn_norm[l], B, D, eps, xn);
+            if (run) {
+                share(QW, tid, nt, &a, &e);
+                if (rc == 0) gemv_rows(m->wqkv[l], D, a, e, xn, D, B, qkv, QW, 0);
+            } else {
+                share(2 * kvd, tid, nt, &a, &e);
+                if (rc == 0) gemv_rows(m->wqkv[l] + qd * D, D, a, e, xn, D, B, qkv + qd, QW, 0);
+            }
+#pragma omp barrier
+            /* RoPE on q (in place) and k (into the cache), v into the cache */
+            {
+                const int64_t heads = run ? H + KV : KV, tasks = B * heads;
+                for (int64_t i = tid; i < tasks && rc == 0; i += nt) {
+                    int64_t b = i / heads, j = i % heads;
+                    if (run) j -= H; /* j < 0: a query head, j >= 0: a K/V head */
+                    const float *c = m->cos + pos[b] * hd, *s = m->sin + pos[b] * hd;
+                    float *row = qkv + b * QW;
+                    if (j < 0) {
+                        rope(row + (j + H) * hd, c, s, hd, row + (j + H) * hd);
+                    } else {
+                        int64_t off = ((b * KV + j) * T + start) * hd;
+                        rope(row + qd + j * hd, c, s, hd, K + off);
+                        memcpy(Vc + off, row + qd + kvd + j * hd, sizeof(float) * (size_t)hd);
+                    }
+                }
+            }
+            if (!run) {
+                if (tid == 0 && rc == 0) {
+                    const float *dn = byp_down ? byp_down[l] : NULL, *up = byp_up ? byp_up[l] : NULL;
+                    if (dn && up) {
+                        const int64_t r = byp_rank[l];
+                        for (int64_t b = 0; b < B; b++) {
+                            float *lo = low + b * r, *hb = h + b * D;
+                            for (int64_t j = 0; j < r; j++) lo[j] = 0.0f;
+                            for (int64_t d = 0; d < D; d++) {
+                                const float hv = hb[d], *drow = dn + d * r;
+                                for (int64_t j = 0; j < r; j++) lo[j] += hv * drow[j];
+                            }
+                            for (int64_t d = 0; d < D; d++) xn[d] = 0.0f;
+                            for (int64_t j = 0; j < r; j++) {
+                                const float lv = lo[j], *urow = up + j * D;
+                                for (int64_t d = 0; d < D; d++) xn[d] += lv * urow[d];
+                            }
+                            for (int64_t d = 0; d < D; d++) hb[d] += xn[d];
+                        }
+                    }
+                    if (stream) memcpy(stream + (l + 1) * B * D, h, sizeof(float) * (size_t)(B * D));
+                }
+#pragma omp barrier
+                continue;
+            }
+#pragma omp barrier
+            /* attention, one (row, query head) per task: softmax over the valid positions */
+            for (int64_t i = tid; i < B * H && rc == 0; i += nt) {
+                int64_t b = i / H, hh = i % H, j = hh / G;
+                const float *q = qkv + b * QW + hh * hd;
+                const float *Kb = K + (b * KV + j) * T * hd, *Vb = Vc + (b * KV + j) * T * hd;
+                const uint8_t *vb = valid + b * valid_stride;
+                float mx = -INFINITY;
+                for (int64_t t = 0; t < end; t++) {
+                    float s = -INFINITY;
+                    if (vb[t]) {
+                        float o;
+                        dot_rows(Kb + t * hd, hd, 1, q, &o);
+                        s = o * scale;
+                    }
+                    sc[t] = s;
+                    mx = s > mx ? s : mx;
+                }
+                float sum = 0.0f;
+                for (int64_t t = 0; t < end; t++) {
+                    sc[t] = expf(sc[t] - mx);
+                    sum += sc[t];
+                }
+                float *o = attn + b * qd + hh * hd;
+                for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
+                for (int64_t t = 0; t < end; t++) {
+                    const float p = sc[t] / sum, *vr = Vb + t * hd;
+                    if (p == 0.0f) continue;
+                    for (int64_t d = 0; d < hd; d++) o[d] += p * vr[d];
+                }
+            }
+#pragma omp barrier
+            share(D, tid, nt, &a, &e);
+            if (rc == 0) gemv_rows(m->wo[l], qd, a, e, attn, qd, B, h, D, 1);
+#pragma omp barrier
+            if (rc == 0) {
+                rms(h, m->mlp_norm[l], B, D, eps, xn);
+                share(F, tid, nt, &a, &e);
+                gemv_rows(m->w_gate_up[l], D, a, e, xn, D, B, gu, 2 * F, 0);
+                gemv_rows(m->w_gate_up[l], D, F + a, F + e, xn, D, B, gu, 2 * F, 0);
+                for (int64_t b = 0; b < B; b++)
+                    for (int64_t n = a; n < e; n++) {
+                        const float g = gu[b * 2 * F + n];
+                        act[b * F + n] = g / (1.0f + expf(-g)) * gu[b * 2 * F + F + n];
+                    }
+            }
+#pragma omp barrier
+            share(D, tid, nt, &a, &e);
+            if (rc == 0) {
+                gemv_rows(m->w_down[l], F, a, e, act, F, B, h, D, 1);
+                if (stream)
+                    for (int64_t b = 0; b < B; b++)
+                        memcpy(stream + ((l + 1) * B + b) * D + a, h + b * D + a, sizeof(float) * (size_t)(e - a));
+            }
+#pragma omp barrier
+        }
+        if (rc == 0) {
+            rms(h, m->final_norm, B, D, eps, xn);
+            share(V, tid, nt, &a, &e);
+            gemv_rows(m->lm_head, D, a, e, xn, D, B, logits, V, 0);
+        }
+        free(xn);
+        free(sc);
+    }
+done:
+    free(h);
+    free(qkv);
+    free(attn);
+    free(gu);
+    free(act);
+    free(low);
+    return rc;
+}
+
+/* y[b, n] = W[n] . x[b] over all rows, threaded: the roofline probe and a unit-testable GEMV */
+int rsp_gemv(const float *W, int64_t N, int64_t K, const float *x, int64_t B, float *y, int nthreads) {
+    if (nthreads < 1) nthreads = 1;
+#pragma omp parallel num_threads(nthreads)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int tid = 0, nt = 1;
+#endif
+        int64_t a, e;
+        share(N, tid, nt, &a, &e);
+        gemv_rows(W, K, a, e, x, K, B, y, N, 0);
+    }
+    return 0;
+}
