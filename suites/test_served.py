@@ -241,10 +241,15 @@ def test_llama_cpp_server_through_openai_adapter(llama_cpp_adapter, served_sizes
 # ---------------------------------------------------------------- bounded load
 
 
-def test_served_bounded_load(rsp_options, rsp_record) -> None:
-    """``rsp_bench.loadtest`` against ``rsp-bench serve --max-queue 4``: 4 clients, 12 requests,
-    8 tokens: nothing lost or duplicated, every answer equal to the single-request one, the 429
-    burst rejected with Retry-After and recovered; latency, tokens/s and bypass ratio recorded."""
+@pytest.mark.parametrize("load_mode", ["off", "lossy"])
+def test_served_bounded_load(load_mode, rsp_options, rsp_record) -> None:
+    """``rsp_bench.loadtest`` against ``rsp-bench serve --max-queue 4`` (batching on, the
+    server's default ``--max-batch``): 4 clients, 12 requests, 8 tokens: nothing lost or
+    duplicated, the 429 burst rejected with Retry-After and recovered; latency, tokens/s, bypass
+    ratio and batch sizes recorded. Mode off: every answer equal to the single-request one, batched
+    or not. Mode lossy: batched requests are pruned together (a block is bypassed for the batch
+    only when every row agrees), so the share equal to the single-request answers and the bypass
+    ratio under load beside the single-request one are recorded, not asserted."""
     pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
     pytest.importorskip("httpx", reason="the 'serve' extra is not installed")
     if rsp_options.engine == "openai":
@@ -253,7 +258,7 @@ def test_served_bounded_load(rsp_options, rsp_record) -> None:
     from rsp_bench.loadtest import LoadConfig, run_loadtest
 
     prompts = [p.text for p in ds.quick_subset(ds.load_prompts(), 4, seed=rsp_options.subset_seed)]
-    headers = {"X-Pruning-Mode": "lossy", "X-Pruning-Sensitivity": "0.5", "X-Pruning-Hardware-Watermark": "0",
+    headers = {"X-Pruning-Mode": load_mode, "X-Pruning-Sensitivity": "0.5", "X-Pruning-Hardware-Watermark": "0",
                "X-Pruning-Log-Level": "NONE"}
     args = ["--max-queue", "4", "--log-level", "NONE", "--hardware-watermark", "0"]
     if rsp_options.model:
@@ -261,21 +266,28 @@ def test_served_bounded_load(rsp_options, rsp_record) -> None:
     with ServedProcess(args) as url:
         rec = run_loadtest(url + "/v1", LoadConfig(prompts, requests=12, clients=4, max_tokens=8, headers=headers))
     load, burst = rec["load"], rec["burst"]
-    cid = format_config_id("served-reference-load", "lossy", 0.5)
+    sensitivity = 0.5 if load_mode == "lossy" else None
+    cid = format_config_id("served-reference-load", load_mode, sensitivity)
     params = {"clients": 4, "requests": 12, "max_tokens": 8, "max_queue": 4}
     for name, value, unit in (("load_latency_p50_s", load["latency_p50_s"], "s"),
                               ("load_latency_p99_s", load["latency_p99_s"], "s"),
                               ("load_tokens_per_s", load["tokens_per_s"], "tokens/s"),
                               ("load_bypass_ratio", load["bypass_ratio"], "fraction"),
-                              ("load_greedy_match_rate", 1.0 - len(load["mismatches"]) / max(load["succeeded"], 1),
-                               "fraction"),
+                              ("load_bypass_ratio_single", load["bypass_ratio_single"], "fraction"),
+                              ("load_greedy_match_rate", load["greedy_match_share"], "fraction"),
+                              ("load_batch_size_mean", load["batching"]["mean"], "requests"),
+                              ("load_batched_share", load["batching"]["batched_share"], "fraction"),
                               ("load_burst_429", burst.get("rejected_429"), "count"),
                               ("load_burst_recovered", burst.get("recovered"), "count")):
-        rsp_record.add_metric(cid, name, value, load["requests"], unit=unit, engine="served-reference-load", mode="lossy",
-                              sensitivity=0.5, params=params)
+        rsp_record.add_metric(cid, name, value, load["requests"], unit=unit, engine="served-reference-load",
+                              mode=load_mode, sensitivity=sensitivity, params=params)
     assert rec["passed"], {k: v for k, v in rec["checks"].items() if not v} or rec
-    assert load["succeeded"] == 12 and load["mismatches"] == []
-    # each prompt 3 times under load, once alone: the same pruning, so the same ratio
-    assert load["bypass_ratio"] == pytest.approx(load["bypass_ratio_single"], abs=1e-12)
+    assert load["succeeded"] == 12 and load["batching"]["reported"] == 12
+    if load_mode == "off":
+        assert load["equality_enforced"] and load["mismatches"] == [] and load["greedy_match_share"] == 1.0
+        assert rec["checks"]["burst_equal_to_single"]
+    elif load["equality_enforced"]:  # lossy, but nothing was batched: each request pruned as alone
+        assert load["mismatches"] == []
+        assert load["bypass_ratio"] == pytest.approx(load["bypass_ratio_single"], abs=1e-12)
     assert burst["ran"] and burst["rejected_429"] >= 1 and burst["recovered"] == burst["rejected_429"]
     assert burst["retry_after"] == ["1"] and burst["queue_depth_after"] == 0

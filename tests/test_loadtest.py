@@ -38,4 +38,22 @@ def test_cli_wires_loadtest(capsys):
         main(["loadtest", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert "--clients" in out and "--max-queue" in out and "--url" in out
+    assert "--clients" in out and "--max-queue" in out and "--url" in out and "--max-batch" in out
+
+
+def test_batching_figures_from_batch_size_headers():
+    rows = [{"batch_size": 1}, {"batch_size": 4}, {"batch_size": 4}, {"batch_size": None}]
+    b = loadtest._batching(rows)
+    assert b["reported"] == 3 and b["sizes"] == {"1": 1, "4": 2}
+    assert b["mean"] == pytest.approx(3.0) and b["batched_share"] == pytest.approx(2 / 3)
+    assert loadtest._batching([{"batch_size": None}]) == {"reported": 0, "sizes": {}, "mean": None, "batched_share": None}
+    assert loadtest._int_or_none("8") == 8 and loadtest._int_or_none("x") is None and loadtest._int_or_none(None) is None
+
+
+def test_equality_is_enforced_unless_lossy_rows_were_batched():
+    batched, alone, unknown = [{"batch_size": 3}], [{"batch_size": 1}], [{"batch_size": None}]
+    for mode in ("off", "static", "lossless", "OFF"):
+        assert loadtest.must_equal_single(mode, batched)  # batch-invariant: a mismatch is a failure
+    assert not loadtest.must_equal_single("lossy", batched)  # pruned with its neighbours: measured
+    assert loadtest.must_equal_single("lossy", alone) and loadtest.must_equal_single("lossy", unknown)
+    assert loadtest.must_equal_single(None, alone)

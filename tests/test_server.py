@@ -6,6 +6,8 @@ calls it with the official ``openai`` client.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 import re
@@ -395,3 +397,170 @@ def test_real_server_streams_tokens_as_decoded(served):
     spread = times[-1] - times[0]
     assert spread > 0.5 * (got["total_s"] - got["ttft_s"]) and spread > 0.1, got
     assert got["tpot_s"] > 0.002 and got["pruning"]["total_tokens"] == 24
+
+
+# ---------------------------------------------------------------- batching
+
+
+def test_batch_key_groups_only_identical_knobs_and_max_tokens():
+    off, lossy = PruningConfig(mode="off", log_level="NONE"), PruningConfig(mode="lossy", log_level="NONE")
+    assert runner.batch_key(lossy, 0.0, 8) is None  # lossy runs alone unless the server batches it
+    key = functools.partial(runner.batch_key, modes=runner.BATCHABLE_MODES)
+    assert key(off, 0.0, 8) == key(PruningConfig(mode="off", log_level="NONE"), 0.0, 8)  # equal knobs: one key
+    variants = [lossy, off.override(sensitivity=0.4), off.override(layer_blacklist=(0, 3)), off.override(log_level="SUMMARY"),
+                off.override(hardware_watermark=0.0), off.override(probe_interval=4), off.override(mode="static")]
+    keys = {key(c, 0.0, 8) for c in variants} | {key(off, 0.0, 8), key(off, 0.0, 16)}
+    assert None not in keys and len(keys) == len(variants) + 2  # any knob or max_tokens differs: another key
+    # what always runs alone
+    assert key(off, 0.7, 8) is None                        # sampling
+    assert key(off, 0.0, 8, logprobs=True) is None         # logprobs
+    assert key(off, 0.0, 8, echo=True) is None             # prompt logprobs (echo)
+    assert key(off, 0.0, 8, n_prompts=2) is None           # a multi-prompt completion
+    assert key(off, 0.0, 0) is None
+    assert key(off.override(mode="lossless"), 0.0, 8) is None
+
+
+def test_worker_never_mixes_keys_and_cancel_frees_the_slot():
+    import asyncio
+
+    off = PruningConfig(mode="off", log_level="NONE")
+    a, b, c = (runner.batch_key(off, 0.0, 8), runner.batch_key(off.override(mode="lossy"), 0.0, 8, modes=("lossy",)),
+               runner.batch_key(off, 0.0, 9))
+    seen: list[list[tuple]] = []
+
+    def batch_fn(items):
+        seen.append(list(items))
+        return [n * 10 for _, n in items]
+
+    async def main():
+        gate = threading.Event()
+        w = runner.EngineWorker(max_queue=16, max_batch=3, batch_window_s=0.05)
+        blocker = w.submit(lambda: gate.wait(30))  # holds the engine thread while the others queue
+        plan = [a, b, a, a, b, a, c, a]
+        futs = [w.submit(key=k, item=(k, n), batch_fn=batch_fn) for n, k in enumerate(plan)]
+        futs[7].cancel()  # its client went away while it was queued
+        await asyncio.sleep(0.05)  # the loop passes the cancel on to the worker's future
+        assert w.depth == 8
+        gate.set()
+        got = await asyncio.gather(blocker, *futs[:7])
+        assert got[1:] == [n * 10 for n in range(7)]
+        assert w.depth == 0
+        w.shutdown()
+
+    asyncio.run(main())
+    assert [[n for _, n in batch] for batch in seen] == [[0, 2, 3], [1, 4], [5], [6]]
+    assert all(len({k for k, _ in batch}) == 1 for batch in seen)  # never two keys in one batch
+
+
+def test_worker_shutdown_cancels_queued_and_finishes_running():
+    import asyncio
+
+    async def main():
+        gate, started = threading.Event(), threading.Event()
+        w = runner.EngineWorker(max_queue=4, max_batch=4, batch_window_s=0.0)
+        running = w.submit(lambda: (started.set(), gate.wait(30), "done")[-1])
+        queued = w.submit(key="k", item=1, batch_fn=lambda items: items)
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+        stopper = threading.Thread(target=w.shutdown)
+        stopper.start()
+        while not queued.done():
+            await asyncio.sleep(0.01)
+        assert queued.cancelled()
+        gate.set()
+        assert await running == "done"
+        stopper.join(30)
+        assert not stopper.is_alive() and w.depth == 0
+        with pytest.raises(Exception, match="shutting down"):
+            w.submit(lambda: None)
+
+    asyncio.run(main())
+
+
+def test_batch_log_sends_each_row_its_own_records():
+    import io
+
+    sink, lock = io.StringIO(), threading.Lock()
+    log = runner.BatchLog([runner.TaggedLog(sink, "r0", lock), None, runner.TaggedLog(sink, "r2", lock)])
+    log.write("\n".join(json.dumps({"event": "block", "request": b, "block": 1}) for b in (0, 1, 2)) + "\n")
+    log.write(json.dumps({"event": "note"}) + "\n")  # no row: every row's log gets it
+    records = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert [(r["request_id"], r["event"], r.get("request")) for r in records] == [
+        ("r0", "block", 0), ("r2", "block", 0), ("r0", "note", None), ("r2", "note", None)]
+
+
+@pytest.fixture(scope="module")
+def batching_url(tiny_engine):
+    """A real uvicorn server (tiny model) batching up to 4 requests, with a long window so that 4
+    requests sent at once share one batch even on a loaded machine."""
+    import socket
+
+    import uvicorn
+
+    settings = ServerSettings(DEFAULT, max_batch=4, batch_window_ms=2000.0, batch_modes=runner.BATCHABLE_MODES)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(tiny_engine, settings), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def _batch_sizes(text: str) -> tuple[float, float]:
+    count = float(re.search(r"^rsp_batch_size_count (\S+)", text, re.M).group(1))
+    total = float(re.search(r"^rsp_batch_size_sum (\S+)", text, re.M).group(1))
+    return count, total
+
+
+def test_real_server_batches_mode_off_and_equals_single(batching_url, tiny_engine):
+    """4 concurrent mode-off requests (two chats, a live stream, a token-id completion) run as one
+    batch (batch-size metric > 1) and each equals its request alone, token for token."""
+    import httpx
+
+    prompts = [PROMPT, "hello world, how are you", "one two three four five six", "a"]
+    off = DEFAULT.override(mode="off")
+    singles = [tiny_engine.generate([p], max_new_tokens=8, config=off)[0] for p in prompts]
+    h = {"X-Pruning-Mode": "off"}
+    with httpx.Client(base_url=batching_url, timeout=120) as http:
+        count0, sum0 = _batch_sizes(http.get("/metrics").text)
+
+        def send(i: int):
+            msgs = [{"role": "user", "content": prompts[i]}]
+            if i == 2:
+                r = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 8, "stream": True}, headers=h)
+                chunks = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: {")]
+                text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
+                return text, None, chunks[-1]["pruning"]["batch_size"]
+            if i == 3:
+                r = http.post("/v1/completions", json={"prompt": singles[i].prompt_ids, "max_tokens": 8}, headers=h)
+                return r.json()["choices"][0]["text"], r.headers["X-Batch-Size"], r.json()["pruning"]["batch_size"]
+            r = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 8}, headers=h)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"]["content"], r.headers["X-Batch-Size"], r.json()["pruning"]["batch_size"]
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(send, range(4)))
+        count1, sum1 = _batch_sizes(http.get("/metrics").text)
+    assert [t for t, _, _ in got] == [s.text for s in singles]
+    assert [b for _, _, b in got] == [4, 4, 4, 4]
+    assert [hdr for _, hdr, _ in got] == ["4", "4", None, "4"]
+    assert count1 - count0 == 1 and sum1 - sum0 == 4  # one engine call of 4: rsp_batch_size saw it
+
+
+def test_real_server_never_batches_different_knobs(batching_url):
+    import httpx
+
+    def send(item):
+        mode, content = item
+        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": content}],
+                                                    "max_tokens": 6}, headers={"X-Pruning-Mode": mode})
+        assert r.status_code == 200, r.text
+        return mode, int(r.headers["X-Batch-Size"]), r.json()["pruning"]["mode"]
+
+    with httpx.Client(base_url=batching_url, timeout=120) as http, ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(send, [("off", PROMPT), ("lossy", PROMPT), ("off", "b c d"), ("lossy", "b c d")]))
+    assert all(mode == served for mode, _, served in got)
+    assert [size for _, size, _ in got] == [2, 2, 2, 2]  # two batches, one per mode, never one of four

@@ -6,7 +6,8 @@ POST /detokenize, GET /tokenizer_info (vLLM's shapes, for lm-eval's ``tokenizer_
 GET /v1/models, GET /health, GET /metrics (Prometheus text format).
 
 Every response carries ``X-Request-Id``; generation responses also ``X-Pruning-Stats`` and the
-same stats under ``pruning`` in the body. Errors are ``{"error": {message, type, param, code}}``:
+same stats under ``pruning`` in the body, and ``X-Batch-Size`` (``pruning.batch_size``): how many
+requests were decoded together with this one (batching: runner.py). Errors are ``{"error": {message, type, param, code}}``:
 400 for a bad value or header, 422 for a body that does not match the schema, 404 for an
 unknown model or route, 429 with ``Retry-After`` when the queue is full; a 500 is a bug and
 never carries a traceback. Must not import the harness.
@@ -46,6 +47,9 @@ class ServerSettings:
     default_config: PruningConfig
     max_queue: int = 32
     retry_after_s: int = 1
+    max_batch: int = 8            # requests of one batch key per engine call; 1 disables batching
+    batch_window_ms: float = 10.0  # how long the oldest batchable request waits for company
+    batch_modes: tuple[str, ...] = runner.DEFAULT_BATCH_MODES  # modes whose requests may share a batch
     served_model_name: str | None = None
     log_file: IO[str] | None = None  # JSON-lines engine logs, tagged with request ids
 
@@ -63,8 +67,9 @@ def _loc_name(loc: Sequence[Any]) -> str:
 
 def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
     """The OpenAI-compatible app serving ``engine`` (already loaded and calibrated)."""
-    worker = runner.EngineWorker(settings.max_queue)
     metrics = ServerMetrics(lambda: worker.depth)
+    worker = runner.EngineWorker(settings.max_queue, settings.max_batch, settings.batch_window_ms / 1000.0,
+                                 on_batch=metrics.observe_batch)
     model_name = settings.served_model_name or engine.name
     log_lock = threading.Lock()
 
@@ -133,17 +138,22 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
                              f"retry after {settings.retry_after_s} s", None, "rate_limit_error", "queue_full",
                         {"Retry-After": str(settings.retry_after_s)})
 
-    async def run(request: Request, fn) -> Any:
+    async def run(request: Request, fn, **batch: Any) -> Any:
         try:
-            return await runner.run_guarded(worker, fn, request.is_disconnected)
+            return await runner.run_guarded(worker, fn, request.is_disconnected, **batch)
         except runner.QueueFull:
             raise queue_full() from None
 
-    def submit(fn) -> "asyncio.Future[Any]":
+    def submit(fn, **batch: Any) -> "asyncio.Future[Any]":
         try:
-            return worker.submit(fn)
+            return worker.submit(fn, **batch)
         except runner.QueueFull:
             raise queue_full() from None
+
+    def batched(key: Any, cfg: PruningConfig, max_tokens: int, item: runner.BatchItem) -> dict[str, Any]:
+        """The worker's arguments for a batchable request (see runner.batch_key): requests of one
+        key are equal in cfg and max_tokens, so any one's batch_fn serves the batch."""
+        return {"key": key, "item": item, "batch_fn": lambda items: runner.run_batch(engine, cfg, max_tokens, items)}
 
     def tok_str(t: int, as_ids: bool = False) -> str:
         return f"token_id:{t}" if as_ids else engine.tokenizer.decode([t], skip_special_tokens=False)
@@ -152,7 +162,8 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
         return [stop] if isinstance(stop, str) else list(stop or [])
 
     def headers_for(request: Request, stats: dict[str, Any]) -> dict[str, str]:
-        return {"X-Pruning-Stats": stats_header(stats), "X-Request-Id": request.state.request_id}
+        return {"X-Pruning-Stats": stats_header(stats), "X-Request-Id": request.state.request_id,
+                "X-Batch-Size": str(int(stats.get("batch_size", 1)))}
 
     def live_stream(request: Request, body: S.ChatCompletionRequest, ids: list[int], prompt_text: str,
                     max_tokens: int, cfg: PruningConfig, lf: IO[str] | None) -> StreamingResponse:
@@ -174,7 +185,11 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
             return runner.run_completion(engine, ids, prompt_text, max_tokens, cfg, float(body.temperature or 0.0),
                                          body.seed, stop, False, False, None, lf, on_token)
 
-        fut = submit(work)
+        key = runner.batch_key(cfg, float(body.temperature or 0.0), max_tokens, modes=settings.batch_modes)
+        if key is not None:  # streamed rows batch too: each row's tokens reach its own queue
+            fut = submit(None, **batched(key, cfg, max_tokens, runner.BatchItem(ids, prompt_text, stop, lf, on_token)))
+        else:
+            fut = submit(work)
         fut.add_done_callback(lambda _: queue.put_nowait(done))
         rid = f"chatcmpl-{request.state.request_id}"
         created = int(time.time())
@@ -203,7 +218,7 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
                     yield "data: [DONE]\n\n"
                     return
                 metrics.record(gen.stats, len(ids), len(gen.token_ids))
-                stats = S.PruningStats(**{k: gen.stats[k] for k in S.PruningStats.model_fields}).model_dump()
+                stats = S.PruningStats(**_pruning_fields(gen.stats)).model_dump()
                 if not gen.text.startswith(sent):
                     log.warning("request %s: the degraded rerun changed tokens already streamed", request.state.request_id)
                     yield _sse({"error": {"message": "the router degraded this request after the fact and the unpruned "
@@ -257,11 +272,16 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
         lf = log_for(request)
         if body.stream and not want_logprobs and cfg.mode != "lossless":
             return live_stream(request, body, ids, prompt_text, max_tokens, cfg, lf)
-        gen = await run(request, lambda: runner.run_completion(
-            engine, ids, prompt_text, max_tokens, cfg, float(body.temperature or 0.0), body.seed,
-            stop_list(body.stop), want_logprobs, False, None, lf))
+        key = runner.batch_key(cfg, float(body.temperature or 0.0), max_tokens, logprobs=want_logprobs, modes=settings.batch_modes)
+        if key is not None:
+            gen = await run(request, None, **batched(key, cfg, max_tokens,
+                                                     runner.BatchItem(ids, prompt_text, stop_list(body.stop), lf)))
+        else:
+            gen = await run(request, lambda: runner.run_completion(
+                engine, ids, prompt_text, max_tokens, cfg, float(body.temperature or 0.0), body.seed,
+                stop_list(body.stop), want_logprobs, False, None, lf))
         metrics.record(gen.stats, len(ids), len(gen.token_ids))
-        stats = S.PruningStats(**{k: gen.stats[k] for k in S.PruningStats.model_fields})
+        stats = S.PruningStats(**_pruning_fields(gen.stats))
         usage = S.Usage(prompt_tokens=len(ids), completion_tokens=len(gen.token_ids),
                         total_tokens=len(ids) + len(gen.token_ids))
         logprobs = None
@@ -336,7 +356,14 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
                                           body.seed, stop_list(body.stop), want, body.echo, body.decode_from, lf)
                     for text, ids in encoded]
 
-        gens = await run(request, work)
+        key = runner.batch_key(cfg, float(body.temperature or 0.0), body.max_tokens, logprobs=want, echo=body.echo,
+                               n_prompts=len(encoded), modes=settings.batch_modes)
+        if key is not None and body.decode_from is None:
+            text, ids = encoded[0]
+            gens = [await run(request, None, **batched(key, cfg, body.max_tokens,
+                                                       runner.BatchItem(ids, text, stop_list(body.stop), lf)))]
+        else:
+            gens = await run(request, work)
         choices = []
         n_prompt = n_out = 0
         for index, g in enumerate(gens):
@@ -346,7 +373,7 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
             text = (engine.decode(g.prompt_ids) if body.echo else "") + g.text
             lp = _completion_logprobs(g, body, tok_str) if want else None
             choices.append(S.CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=g.finish_reason,
-                                              pruning=S.PruningStats(**{k: g.stats[k] for k in S.PruningStats.model_fields})))
+                                              pruning=S.PruningStats(**_pruning_fields(g.stats))))
         total = runner.sum_stats([g.stats for g in gens])
         resp = S.CompletionResponse(id=f"cmpl-{request.state.request_id}", created=int(time.time()), model=model_name,
                                     choices=choices, usage=S.Usage(prompt_tokens=n_prompt, completion_tokens=n_out,
@@ -400,6 +427,10 @@ def create_app(engine: "Engine", settings: ServerSettings) -> FastAPI:
         return Response(body, media_type=content_type)
 
     return app
+
+
+def _pruning_fields(stats: dict[str, Any]) -> dict[str, Any]:
+    return {k: stats[k] for k in S.PruningStats.model_fields if k in stats}
 
 
 def _sse(obj: dict[str, Any]) -> str:

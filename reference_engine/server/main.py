@@ -76,6 +76,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware-watermark", type=_unit("--hardware-watermark"), default=None,
                    help="pin the load factor's watermark in [0, 1] (default: sampled per request)")
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting or running before 429 (default 32)")
+    p.add_argument("--max-batch", type=int, default=8,
+                   help="greedy requests with identical knobs and max_tokens decoded together, at most (default 8; "
+                        "1 disables batching)")
+    p.add_argument("--batch-window-ms", type=_unit("--batch-window-ms"), default=10.0,
+                   help="how long a batch that is not full waits for more requests of its kind, from the oldest one's arrival or the engine becoming free, whichever is later (default 10 ms)")
+    p.add_argument("--batch-modes", default="off,static",
+                   help="modes whose requests may share a batch, comma-separated from off, lossy, static (default "
+                        "off,static: a batched lossy request is pruned by what every row of its batch agrees on, "
+                        "so its output depends on its neighbours)")
     p.add_argument("--retry-after", type=int, default=1, help="seconds in the 429's Retry-After header")
     p.add_argument("--graceful-timeout", type=int, default=30, help="seconds requests in flight get at shutdown")
 
@@ -99,6 +108,16 @@ def run(args: argparse.Namespace) -> int:
     config = default_config(args)  # validated before the model loads, so bad input fails fast
     if args.max_queue < 1:
         raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
+    BATCHABLE_MODES = ("off", "lossy", "static")  # runner.BATCHABLE_MODES (runner imports torch)
+    modes = tuple(m.strip() for m in str(args.batch_modes).split(",") if m.strip())
+    bad = [m for m in modes if m not in BATCHABLE_MODES]
+    if bad:
+        raise ConfigError(f"--batch-modes: {bad[0]!r} is not a batchable mode (choose from {', '.join(BATCHABLE_MODES)})")
+    args.batch_modes = modes
+    if args.max_batch < 1:
+        raise ConfigError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if not (0.0 <= args.batch_window_ms <= 60_000.0):
+        raise ConfigError(f"--batch-window-ms must be in 0..60000, got {args.batch_window_ms}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.retry_after < 0 or args.graceful_timeout < 0:
@@ -120,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine.load(args.model, progress=lambda m: print(m, file=sys.stderr))
         config.blacklist_for(engine.dims.n_layers)
         app = create_app(engine, ServerSettings(config, max_queue=args.max_queue, retry_after_s=args.retry_after,
+                                                max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
+                                                batch_modes=args.batch_modes,
                                                 served_model_name=args.served_model_name, log_file=log_file))
         port = sock.getsockname()[1]
         server = _Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.graceful_timeout,

@@ -9,6 +9,7 @@ process, as in the unit tests, do not share counters).
     rsp_degraded_requests_total         requests where protective degradation turned pruning off
     rsp_rejected_total                  429s (queue full)
     rsp_queue_depth                     requests waiting or running now
+    rsp_batch_size                      requests per engine call (histogram; 1: run alone)
 
 Must not import torch or the harness.
 """
@@ -38,6 +39,8 @@ class ServerMetrics:
         self.rejected = Counter("rsp_rejected", "requests rejected with 429 (queue full)", registry=r)
         self.ratio = Gauge("rsp_bypass_ratio", "bypass ratio over all decoded tokens", registry=r)
         self.ratio.set_function(self._ratio)
+        self.batch_size = Histogram("rsp_batch_size", "requests per engine call (1: run alone)", registry=r,
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64))
         depth = Gauge("rsp_queue_depth", "requests waiting or running", registry=r)
         depth.set_function(lambda: float(queue_depth()))
         self._bypassed = self._steps = 0
@@ -49,6 +52,9 @@ class ServerMetrics:
         label = path if path in _PATHS else "other"  # unknown paths must not grow the label set
         self.requests.labels(label, str(status)).inc()
         self.latency.labels(label).observe(seconds)
+
+    def observe_batch(self, size: int) -> None:
+        self.batch_size.observe(size)
 
     def record(self, stats: Mapping[str, Any], prompt_tokens: int, completion_tokens: int) -> None:
         self.prompt_tokens.inc(prompt_tokens)

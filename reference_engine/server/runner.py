@@ -1,14 +1,36 @@
-"""The engine behind the server: one worker thread fed by a bounded queue, and the engine calls
-the routes need (generate from token ids, logprobs of generated and prompt tokens).
+"""The engine behind the server: one worker thread fed by a bounded queue, the batching rule,
+and the engine calls the routes need (generate from token ids, logprobs of generated and prompt
+tokens).
 
 Why one thread: ``Engine`` is not thread-safe (it reuses buffers) and one decode already keeps
-the machine's memory bandwidth busy, so requests run one at a time, in arrival order, off the
-event loop. Requests are not batched: the router bypasses a block for a batch only when every
-row agrees, so a batched request would be pruned differently from the same request alone and
-its output would depend on its neighbours (batching is left for a later change, with that cost
-measured). The queue is bounded: ``submit`` raises ``QueueFull`` (the route answers 429 with
+the machine's memory bandwidth busy, so engine calls run one at a time, off the event loop.
+
+Batching (``max_batch`` > 1): a request that is plain greedy generation (``batch_key`` is not
+None: temperature 0, no logprobs, no echo, one prompt, mode off / lossy / static) may share one
+``Engine._run`` call with others of the *same key*: the full PruningConfig and max_tokens equal.
+Different knobs never share a batch; neither do different max_tokens (we group equal
+max_tokens rather than run to the longest and truncate: a truncated row would count pruning
+stats and decode work past its own end). Stop strings, chat vs completion and streaming do not
+enter the key: they do not change what the engine decodes (stop strings are applied to each row
+afterwards, streaming is the per-row ``on_token`` hook). Lossless mode, sampling, logprobs and
+echo always run alone. The worker takes the oldest queued request; if it is batchable it waits
+until ``batch_window_s`` after that request arrived (or until ``max_batch`` of its key are
+queued; the window starts when the engine becomes free if that is later, so clients answered by
+the previous batch can rejoin) and takes every queued request of the same key, oldest first, up
+to ``max_batch``: requests of a different key keep their place and run next.
+
+What batching does to the output: the engine left-pads the rows and decodes them together.
+With mode off (and static) a row's tokens equal the row's tokens alone (measured: see the README
+and ``rsp-bench loadtest``). With mode lossy the router bypasses a block for the batch only when
+every row agrees (and a degraded row vetoes every bypass; an unstable router reruns the whole
+batch unpruned and marks every row degraded), so a lossy request is pruned no more than alone,
+and its tokens and stats can depend on its neighbours. Each response keeps its own row's stats
+(``layers_bypassed`` counts the blocks bypassed for that row's tokens) and its ``batch_size``.
+
+The queue is bounded: ``submit`` raises ``QueueFull`` (the route answers 429 with
 ``Retry-After``) when ``max_queue`` requests are waiting or running. A request whose client
-went away before its turn is cancelled, which frees its slot.
+went away before its turn is cancelled, which frees its slot. ``shutdown`` cancels what is still
+queued and waits for the running call.
 
 Must not import the harness.
 """
@@ -16,11 +38,14 @@ Must not import the harness.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures as cf
 import json
+import logging
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 import torch
 
@@ -31,49 +56,181 @@ from .knobs import APIError
 if TYPE_CHECKING:
     from ..engine import Engine, GenerationResult
 
+log = logging.getLogger("reference_engine.server")
+# Modes whose requests may share a batch. Off and static are sound: every row runs the same
+# blocks alone or together, and batched off answers were measured equal to single ones. Lossy is
+# not by default: the router bypasses a block for a batch only when every row agrees, so a
+# batched lossy request is pruned (and answered) according to its neighbours; measured with 8
+# clients, bypass ratio 0.022 alone against 0.000-0.005 batched. `--batch-modes off,lossy,static`
+# turns it on for throughput at that cost. Lossless never batches (batch-1 speculation).
+BATCHABLE_MODES = ("off", "lossy", "static")
+DEFAULT_BATCH_MODES = ("off", "static")
+
 
 class QueueFull(Exception):
     pass
 
 
-class EngineWorker:
-    """Runs callables on one thread; at most ``max_queue`` waiting or running at once."""
+def batch_key(cfg: PruningConfig, temperature: float, max_tokens: int, *, logprobs: bool = False,
+              echo: bool = False, n_prompts: int = 1,
+              modes: Sequence[str] = DEFAULT_BATCH_MODES) -> Hashable | None:
+    """The key under which a generation request may share a batch, or None (it runs alone).
 
-    def __init__(self, max_queue: int) -> None:
+    Two requests share a batch only when their keys are equal: the whole PruningConfig (every
+    knob: mode, sensitivity, blacklist, log level, watermark, ...) and max_tokens, and only in
+    the ``modes`` the server batches (``--batch-modes``)."""
+    if temperature != 0.0 or logprobs or echo or n_prompts != 1 or max_tokens < 1:
+        return None
+    if cfg.mode not in modes:
+        return None
+    return ("generate", cfg, int(max_tokens))
+
+
+@dataclass
+class _Job:
+    fut: cf.Future
+    fn: Callable[[], Any] | None         # run alone
+    key: Hashable | None = None          # batchable: same key -> may share one batch_fn call
+    item: Any = None
+    batch_fn: Callable[[list[Any]], list[Any]] | None = None
+    t: float = 0.0
+
+
+class EngineWorker:
+    """Runs engine calls on one thread; at most ``max_queue`` requests waiting or running.
+
+    ``submit(fn)`` runs ``fn()`` alone. ``submit(key=k, item=x, batch_fn=f)`` may be run
+    together with other queued jobs of key ``k``: ``f([x1, x2, ...])`` returns one result (or an
+    exception instance) per item, in order. ``on_batch(n)`` is called with the size of every
+    engine call (1 for a job run alone)."""
+
+    def __init__(self, max_queue: int, max_batch: int = 1, batch_window_s: float = 0.0,
+                 on_batch: Callable[[int], None] | None = None) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        self.max_queue = max_queue
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsp-engine")
-        self._lock = threading.Lock()
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
+        self.max_queue, self.max_batch, self.batch_window_s = max_queue, max_batch, batch_window_s
+        self.on_batch = on_batch
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._closed = False
         self.depth = 0  # waiting + running
+        self._thread = threading.Thread(target=self._loop, name="rsp-engine", daemon=True)
+        self._thread.start()
 
-    def submit(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
-        with self._lock:
+    def submit(self, fn: Callable[[], Any] | None = None, *, key: Hashable | None = None, item: Any = None,
+               batch_fn: Callable[[list[Any]], list[Any]] | None = None) -> "asyncio.Future[Any]":
+        if key is not None and batch_fn is None:
+            raise ValueError("a batchable job needs batch_fn")
+        if key is None and fn is None:
+            if batch_fn is None:
+                raise ValueError("submit needs fn or batch_fn")
+            fn = (lambda: _one(batch_fn, item))
+        fut: cf.Future = cf.Future()
+        with self._cv:
+            if self._closed:  # the server is stopping
+                raise APIError(503, "the server is shutting down", type_="server_error", code="shutting_down")
             if self.depth >= self.max_queue:
                 raise QueueFull()
             self.depth += 1
-        try:
-            fut = self._pool.submit(fn)
-        except RuntimeError:  # the pool is shut down: the server is stopping
-            with self._lock:
-                self.depth -= 1
-            raise APIError(503, "the server is shutting down", type_="server_error", code="shutting_down") from None
-        fut.add_done_callback(self._release)
+            self._jobs.append(_Job(fut, fn if key is None else None, key, item, batch_fn, time.monotonic()))
+            self._cv.notify_all()
+        fut.add_done_callback(self._release)  # also on cancel: a cancelled request frees its slot
         return asyncio.wrap_future(fut)
 
     def _release(self, _: cf.Future) -> None:
-        with self._lock:
+        with self._cv:
             self.depth -= 1
 
+    def _take(self) -> list[_Job] | None:
+        """The next engine call's jobs (None: closed and drained). Called on the worker thread."""
+        free = time.monotonic()
+        with self._cv:
+            while not self._jobs and not self._closed:
+                self._cv.wait()
+            if not self._jobs:
+                return None
+            first = self._jobs[0]
+            if first.key is None or self.max_batch == 1:
+                return [self._jobs.popleft()]
+            # Wait for company up to the window after the oldest request arrived, or after the
+            # engine became free if that is later: clients whose answers just left are sending
+            # their next request now, and a short wait lets them join instead of forming a
+            # second, alternating batch.
+            deadline = max(first.t, free) + self.batch_window_s
+            while not self._closed:
+                same = sum(1 for j in self._jobs if j.key == first.key and not j.fut.cancelled())
+                left = deadline - time.monotonic()
+                if same >= self.max_batch or left <= 0:
+                    break
+                self._cv.wait(left)
+            batch: list[_Job] = []
+            rest: collections.deque[_Job] = collections.deque()
+            for j in self._jobs:
+                if j.fut.cancelled():
+                    continue  # its client went away; its slot was freed when it was cancelled
+                if j.key == first.key and len(batch) < self.max_batch:
+                    batch.append(j)
+                else:
+                    rest.append(j)
+            self._jobs = rest
+            return batch
+
+    def _loop(self) -> None:
+        while True:
+            jobs = self._take()
+            if jobs is None:
+                return
+            live = [j for j in jobs if j.fut.set_running_or_notify_cancel()]  # drops cancelled ones
+            if not live:
+                continue
+            if self.on_batch is not None:
+                try:
+                    self.on_batch(len(live))
+                except Exception:  # metrics must never stop the worker
+                    log.exception("on_batch failed")
+            try:
+                if live[0].fn is not None:
+                    results: list[Any] = [live[0].fn()]
+                else:
+                    results = list(live[0].batch_fn([j.item for j in live]))  # type: ignore[misc]
+                    if len(results) != len(live):
+                        raise RuntimeError(f"batch_fn returned {len(results)} results for {len(live)} items")
+            except BaseException as exc:  # noqa: BLE001  (every waiting caller gets the error)
+                results = [exc] * len(live)
+            for j, r in zip(live, results):
+                if isinstance(r, BaseException):
+                    j.fut.set_exception(r)
+                else:
+                    j.fut.set_result(r)
+
     def shutdown(self) -> None:
-        # Queued work is cancelled (its callers get an error); the running request finishes.
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Queued work is cancelled (its callers get an error); the running call finishes."""
+        with self._cv:
+            self._closed = True
+            queued, self._jobs = list(self._jobs), collections.deque()
+            self._cv.notify_all()
+        for j in queued:
+            j.fut.cancel()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
 
-async def run_guarded(worker: EngineWorker, fn: Callable[[], Any], is_disconnected: Callable[[], Any],
-                      poll_s: float = 0.25) -> Any:
-    """Submit ``fn`` and wait for it; cancel it while still queued if the client disconnects."""
-    fut = worker.submit(fn)
+def _one(batch_fn: Callable[[list[Any]], list[Any]], item: Any) -> Any:
+    [r] = batch_fn([item])
+    if isinstance(r, BaseException):
+        raise r
+    return r
+
+
+async def run_guarded(worker: EngineWorker, fn: Callable[[], Any] | None, is_disconnected: Callable[[], Any],
+                      poll_s: float = 0.25, **batch: Any) -> Any:
+    """Submit ``fn`` (or a batchable job: ``key``, ``item``, ``batch_fn``) and wait for it;
+    cancel it while still queued if the client disconnects."""
+    fut = worker.submit(fn, **batch)
     while True:
         done, _ = await asyncio.wait({fut}, timeout=poll_s)
         if done:
@@ -232,14 +389,7 @@ def run_completion(engine: "Engine", ids: list[int], prompt_text: str, max_token
         if max_tokens > 0:
             res = generate_ids(engine, prompt_text, ids, max_tokens, cfg, temperature, seed, log_file, want_logits,
                                on_token)
-            out.token_ids, out.stats, out.logits = list(res.token_ids), dict(res.stats), res.logits
-            if out.token_ids and out.token_ids[-1] == engine.eos_id:
-                out.finish_reason = "stop"
-            kept, out.text, stopped = apply_stop(engine, out.token_ids, stop)
-            if stopped:
-                out.token_ids, out.finish_reason = kept, "stop"
-                if out.logits is not None:
-                    out.logits = out.logits[:len(kept)]
+            _take_result(engine, out, res, stop)
         if echo:
             full = prompt_logits(engine, ids) if len(ids) > 1 else torch.empty(0, engine.dims.vocab)
             if decode_from is not None:
@@ -256,10 +406,109 @@ def run_completion(engine: "Engine", ids: list[int], prompt_text: str, max_token
     if not out.stats:  # echo only: nothing decoded, nothing bypassed
         out.stats = {"layers_bypassed": 0, "total_tokens": 0, "bypass_ratio": 0.0, "degraded": False,
                      "degraded_reason": None}
+    _finish_stats(out, cfg, n_layers)
+    return out
+
+
+def _take_result(engine: "Engine", out: Generated, res: "GenerationResult", stop: Sequence[str]) -> None:
+    out.token_ids, out.stats, out.logits = list(res.token_ids), dict(res.stats), res.logits
+    if out.token_ids and out.token_ids[-1] == engine.eos_id:
+        out.finish_reason = "stop"
+    kept, out.text, stopped = apply_stop(engine, out.token_ids, stop)
+    if stopped:
+        out.token_ids, out.finish_reason = kept, "stop"
+        if out.logits is not None:
+            out.logits = out.logits[:len(kept)]
+
+
+def _finish_stats(out: Generated, cfg: PruningConfig, n_layers: int) -> None:
     out.stats.setdefault("mode", cfg.mode)
     out.stats.setdefault("sensitivity", cfg.sensitivity)
+    out.stats.setdefault("batch_size", 1)
     out.stats["blocks"] = n_layers
-    return out
+
+
+@dataclass
+class BatchItem:
+    """One batchable request: its prompt, stop strings, log sink and streaming hook. The knobs,
+    max_tokens and temperature (0) are its batch key's, shared by the batch."""
+
+    ids: list[int]
+    prompt_text: str
+    stop: Sequence[str] = ()
+    log_file: IO[str] | None = None
+    on_token: Callable[[int, int, int], None] | None = None  # called as (0, index, token)
+
+
+class BatchLog:
+    """The engine's log sink for a batch: each JSON line goes to its row's sink (``request`` is
+    the row index in the batch; it is rewritten to 0, as alone), lines without one to every row."""
+
+    def __init__(self, sinks: Sequence[IO[str] | None]) -> None:
+        self.sinks = list(sinks)
+
+    def write(self, text: str) -> int:
+        per: list[list[str]] = [[] for _ in self.sinks]
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                rec = None
+            row = rec.get("request") if isinstance(rec, dict) else None
+            if isinstance(row, int) and 0 <= row < len(self.sinks):
+                per[row].append(json.dumps({**rec, "request": 0}))
+            else:
+                for lines in per:
+                    lines.append(line)
+        for sink, lines in zip(self.sinks, per):
+            if sink is not None and lines:
+                sink.write("\n".join(lines) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        for sink in self.sinks:
+            if sink is not None:
+                sink.flush()
+
+
+def run_batch(engine: "Engine", cfg: PruningConfig, max_tokens: int, items: Sequence[BatchItem]) -> list[Any]:
+    """Greedy generation of several requests of one batch key as one ``Engine._run`` call; one
+    ``Generated`` (or an ``APIError``) per item. One item runs exactly as ``run_completion``.
+    Should the batched call fail, each item is run alone, so one bad row cannot fail the others."""
+    if len(items) == 1:
+        it = items[0]
+        try:
+            return [run_completion(engine, it.ids, it.prompt_text, max_tokens, cfg, 0.0, None, it.stop, False, False,
+                                   None, it.log_file, it.on_token)]
+        except APIError as exc:
+            return [exc]
+    from ..generation import PromptRow
+
+    n_layers = engine.dims.n_layers
+    cfg.blacklist_for(n_layers)
+
+    def on_token(row: int, index: int, token: int) -> None:
+        hook = items[row].on_token
+        if hook is not None:
+            hook(0, index, token)
+
+    sinks = [it.log_file for it in items]
+    log_file = BatchLog(sinks) if any(s is not None for s in sinks) else None
+    try:
+        results = engine._run([PromptRow(it.prompt_text, list(it.ids)) for it in items], max_tokens, cfg, 0.0, None,
+                              None, log_file, keep_logits=False, on_token=on_token)
+    except Exception:
+        log.warning("a batch of %d failed; running its requests one at a time", len(items), exc_info=True)
+        return [r for it in items for r in run_batch(engine, cfg, max_tokens, [it])]
+    outs: list[Any] = []
+    for it, res in zip(items, results):
+        out = Generated(list(it.ids), [], {}, finish_reason="length")
+        _take_result(engine, out, res, it.stop)
+        _finish_stats(out, cfg, n_layers)
+        outs.append(out)
+    return outs
 
 
 def top_entries(logits_row: torch.Tensor, n: int) -> list[tuple[int, float]]:
@@ -282,4 +531,5 @@ def sum_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"layers_bypassed": bypassed, "total_tokens": tokens,
             "bypass_ratio": bypassed / (blocks * tokens) if tokens else 0.0,
             "degraded": any(p["degraded"] for p in parts), "degraded_reason": reasons[0] if reasons else None,
-            "mode": parts[0]["mode"], "sensitivity": float(parts[0]["sensitivity"]), "blocks": blocks}
+            "mode": parts[0]["mode"], "sensitivity": float(parts[0]["sensitivity"]), "blocks": blocks,
+            "batch_size": max(int(p.get("batch_size", 1)) for p in parts)}

@@ -103,6 +103,7 @@ class PruningStats(BaseModel):
     mode: str
     sensitivity: float
     blocks: int
+    batch_size: int = 1  # requests decoded together with this one (1: alone); see runner.py
 
 
 class Usage(BaseModel):
