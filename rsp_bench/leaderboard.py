@@ -283,6 +283,8 @@ def _main_rows(section: Section) -> list[dict[str, str]]:
     front = {id(plotted[i][2]) for i in pareto_front([(x, y) for x, y, _ in plotted])}
     rows, rank = [], 0
     for e in section.entries:
+        if not any(m in e.metrics for m in _MAIN_METRICS):
+            continue  # only side figures (load test, degradation): their own tables hold them
         row = {"section": section.title}
         if e.speedup is not None:
             rank += 1
