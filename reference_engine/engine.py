@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from . import calibration as calib_mod
-from . import degradation
+from . import degradation, ood
 from .config import PruningConfig
 from .errors import PromptError
 from .generation import GenerationResult, PromptRow, check_rows_fit
@@ -359,26 +359,67 @@ class Engine:
         return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
     def _check_degradation(self, rows: list[PromptRow], hidden: list[torch.Tensor], cal: calib_mod.Calibration) -> None:
-        """Text, prompt-loss and hidden-norm checks: any firing turns pruning off for that row."""
-        w = self.weights
+        """Text rules, then the model-level out-of-distribution score (ood.py) from the prefill's
+        own hidden states: any firing turns pruning off for that row."""
         S = hidden[0].shape[1]
+        det = self.ood_detector()
         for b, r in enumerate(rows):
             reason = degradation.text_anomaly_reason(r.prompt)
-            n = len(r.ids)
-            if reason is None and n > 1:
-                # Score an evenly spaced sample of positions: the full LM head over a long prompt
-                # would cost more than the decode it protects.
-                pos = torch.linspace(S - n, S - 2, steps=min(LOSS_SAMPLE_POSITIONS, n - 1)).round().long().unique()
-                logp = torch.log_softmax(logits_from_hidden(w, hidden[-1][b, pos]).double(), -1)
-                targets = torch.tensor(r.ids)[pos - (S - n) + 1]
-                nll = float(-logp.gather(-1, targets[:, None]).mean())
-                reason = degradation.loss_anomaly_reason(nll, cal.nll_mean, cal.nll_std)
-            if reason is None:
-                norms = [float(h[b, S - n:].norm(dim=-1).max()) for h in hidden[1:]]
-                lows = [float(h[b, S - n:].norm(dim=-1).min()) for h in hidden[1:]]
-                reason = degradation.norm_anomaly_reason(norms, cal.norm_lo, cal.norm_hi) or \
-                    degradation.norm_anomaly_reason(lows, cal.norm_lo, cal.norm_hi)
+            if reason is None and det is not None:
+                lo, hi = ood.content_span(r.ids, *self._template_ends())
+                stats = ood.prompt_stats(self.weights, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
+                                         self._byte_ids())
+                reason = det.reason(stats)
+            elif reason is None:
+                reason = self._legacy_model_checks(b, r, hidden, cal)
             r.degraded_reason = r.degraded_reason or reason
+
+    def ood_detector(self) -> ood.OODDetector | None:
+        """The fitted out-of-distribution score for these weights: packaged copy, else cache
+        (``scripts/calibrate_ood.py`` fits one), else None (then the coarser mean-loss and norm
+        checks stand in, with a warning)."""
+        if getattr(self, "_ood", None) is None:
+            found = None
+            for where in (Path(__file__).parent / "data", cache_root()):
+                found = ood.load(ood.detector_path(where, self.weights_sha256), self.weights_sha256)
+                if found is not None:
+                    break
+            if found is None:
+                log.warning("no out-of-distribution detector for weights %s: protective degradation uses the "
+                            "mean prompt loss and norm checks only (scripts/calibrate_ood.py fits one)",
+                            self.weights_sha256[:12])
+            self._ood = found if found is not None else False
+        return self._ood or None
+
+    def _template_ends(self) -> tuple[list[int], list[int]]:
+        if getattr(self, "_ends", None) is None:
+            self._ends = ood.template_ends(self.encode)
+        return self._ends
+
+    def _byte_ids(self) -> frozenset[int]:
+        if getattr(self, "_bytes", None) is None:
+            self._bytes = ood.byte_piece_ids(self.tokenizer.decode, self.dims.vocab)
+        return self._bytes
+
+    def _legacy_model_checks(self, b: int, r: PromptRow, hidden: list[torch.Tensor],
+                             cal: calib_mod.Calibration) -> str | None:
+        """Mean prompt loss (z = 4) and hidden-norm band: what a model without a fitted detector gets."""
+        w, S, n = self.weights, hidden[0].shape[1], len(r.ids)
+        reason = None
+        if n > 1:
+            # Score an evenly spaced sample of positions: the full LM head over a long prompt
+            # would cost more than the decode it protects.
+            pos = torch.linspace(S - n, S - 2, steps=min(LOSS_SAMPLE_POSITIONS, n - 1)).round().long().unique()
+            logp = torch.log_softmax(logits_from_hidden(w, hidden[-1][b, pos]).double(), -1)
+            targets = torch.tensor(r.ids)[pos - (S - n) + 1]
+            nll = float(-logp.gather(-1, targets[:, None]).mean())
+            reason = degradation.loss_anomaly_reason(nll, cal.nll_mean, cal.nll_std)
+        if reason is None:
+            norms = [float(h[b, S - n:].norm(dim=-1).max()) for h in hidden[1:]]
+            lows = [float(h[b, S - n:].norm(dim=-1).min()) for h in hidden[1:]]
+            reason = degradation.norm_anomaly_reason(norms, cal.norm_lo, cal.norm_hi) or \
+                degradation.norm_anomaly_reason(lows, cal.norm_lo, cal.norm_hi)
+        return reason
 
     def _make_router(self, rows: list[PromptRow], cfg: PruningConfig, cal: calib_mod.Calibration) -> Router:
         rc = RouterCalibration(impact=cal.impact, rel_mean=np.asarray(cal.rel_mean),

@@ -416,6 +416,71 @@ def test_detection_rate_on_adversarial_classes(rsp_engine: Any, rsp_record: Any)
     assert not low, f"classes under {MIN_DETECTION_RATE:.0%} detection (engine on invalid Unicode: {verdict}): {low}"
 
 
+# --------------------------------------------------------------------------- the model-level score
+
+OOD_QUICK_HELDOUT_STRIDE = 4  # every 4th held-out normal item with --rsp-quick (47 of 186)
+OOD_PER_CLASS = {True: 3, False: 12}  # fresh draws per machine-text class, quick / full
+OOD_SEED0 = 2000  # the fit used seeds 0-15, scripts/calibrate_ood.py's evaluation 1000+
+MAX_HELD_OUT_GAP = 0.05
+
+
+def _normal_part(name: str) -> list[str]:
+    path = ds.fixtures_dir() / "normal_corpus" / f"{name}.jsonl"
+    return [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _user_prompts() -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("user_prompts", ds.fixtures_dir() / "normal_corpus" / "user_prompts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return [text for _, text in mod.PROMPTS]
+
+
+def test_whole_detector_on_inputs_the_score_never_saw(rsp_engine: Any, rsp_options: Any, rsp_record: Any) -> None:
+    """Text rules plus the model-level score (reference_engine/ood.py), through the engine, on
+    inputs none of it was fitted to: the held-out normal corpus, the user prompts, and fresh
+    draws of the machine-text classes, split into the classes the score was fitted against
+    (TUNING) and classes it never saw (HELD_OUT). Each rate is recorded with n and its Wilson
+    interval, and gated."""
+    from rsp_bench.adversarial import machine_text as mt
+
+    held = _normal_part("heldout")
+    if rsp_options.quick:
+        held = held[::OOD_QUICK_HELDOUT_STRIDE]
+    user = _user_prompts()
+    k = OOD_PER_CLASS[bool(rsp_options.quick)]
+    odd = [(name, mt.make(name, OOD_SEED0 + i)) for name in mt.MAKERS for i in range(k)]
+    texts = held + user + [t for _, t in odd]
+    results = _run_sorted(rsp_engine, texts)
+    fired = [bool(r.stats["degraded"]) for r in results]
+    f_held, f_user, f_odd = fired[:len(held)], fired[len(held):len(held) + len(user)], fired[len(held) + len(user):]
+    per_class: dict[str, int] = Counter()
+    for (name, _), f in zip(odd, f_odd):
+        per_class[name] += int(f)
+    tune = sum(per_class[n] for n in mt.TUNING), k * len(mt.TUNING)
+    out = sum(per_class[n] for n in mt.HELD_OUT), k * len(mt.HELD_OUT)
+    fp_held, _ = _record_rate(rsp_record, "degradation_false_positive_rate_heldout_normal", sum(f_held), len(held))
+    fp_user, _ = _record_rate(rsp_record, "degradation_false_positive_rate_user_prompts", sum(f_user), len(user))
+    det_tune, _ = _record_rate(rsp_record, "degradation_detection_rate_tuning_classes", *tune)
+    det_out, ci_out = _record_rate(rsp_record, "degradation_detection_rate_heldout_classes", *out)
+    reasons = Counter(r.stats["degraded_reason"] for r, f in zip(results, fired) if f)
+    _report(rsp_record, "model_level", {
+        "per_class": {n: {"split": "tuning" if n in mt.TUNING else "held_out", "detected": per_class[n], "n": k}
+                      for n in mt.MAKERS},
+        "fired_heldout_normal": [t[:60] for t, f in zip(held, f_held) if f],
+        "fired_user_prompts": [t[:60] for t, f in zip(user, f_user) if f], "reasons": dict(reasons)})
+    _count(rsp_record, "model_level_inputs", len(texts))
+    assert fp_held <= MAX_FALSE_POSITIVE_RATE, f"fired on {sum(f_held)}/{len(held)} held-out normal prompts"
+    assert fp_user <= MAX_FALSE_POSITIVE_RATE, (
+        f"fired on {sum(f_user)}/{len(user)} user prompts: {[t[:40] for t, f in zip(user, f_user) if f]}")
+    assert det_tune >= MIN_DETECTION_RATE, f"detected {tune[0]}/{tune[1]} of the tuning classes: {dict(per_class)}"
+    assert det_out >= det_tune - MAX_HELD_OUT_GAP, (
+        f"held-out classes detected {out[0]}/{out[1]} ({det_out:.1%}, CI {ci_out[0]:.3f}-{ci_out[1]:.3f}), more "
+        f"than {MAX_HELD_OUT_GAP:.0%} under the tuning classes' {det_tune:.1%}: {dict(per_class)}")
+
+
 # --------------------------------------------------------------------------- engine batches
 
 

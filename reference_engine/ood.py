@@ -1,0 +1,342 @@
+"""The model-level out-of-distribution score: how unlike ordinary input a prompt looks to the model.
+
+Protective degradation (DESIGN.md section 2) turns pruning off for odd input. Character rules
+(``degradation.text_rules``) see only what someone listed; random or machine-made text (a
+base64 blob, a hash list, keyboard mash) is made of ordinary characters. This module scores a
+prompt from what the full prefill already computed (no second pass), over the user's content
+only (the chat template's fixed prefix and suffix are the same in every request):
+
+- the per-token loss and the model's own next-token entropy at up to ``SCORED_POSITIONS``
+  evenly spaced content positions (the LM head on those rows is the one extra cost):
+  ``high_loss`` the share of tokens above the normal corpus' 95th percentile of token loss,
+  ``entropy`` the mean entropy, ``unsure`` the share of positions where the model is not
+  confident (entropy >= 0.5 nats), ``no_easy`` the share of tokens that were not easy (loss >=
+  0.5 nats; ordinary text is full of easy continuations, random strings have none),
+  ``surprise_gap`` mean |loss - entropy|, ``entropy_spread`` the entropy's std;
+- ``short_tokens``: -log(characters per content token); random strings fall apart into short
+  tokens; ``byte_pieces``: the share of content tokens that are lone non-ASCII bytes, text the
+  tokenizer learned no merge for (random ideographs, mojibake), where ordinary text in any
+  script it was trained on is mostly merged pieces;
+- ``far_l``: at blocks ~3/4 and ~9/10 of the depth, the log of 1 - the mean cosine of the
+  prompt's mean-pooled hidden-state direction to its ``KNN`` nearest neighbours among the
+  normal corpus' prompts. Nearest neighbours rather than one Gaussian: ordinary input is many modes
+  (prose in 30 languages, code, tables, logs), and a distance to the nearest of them does not
+  call a mode odd because it is far from the average (Sun et al. 2022, "Out-of-distribution
+  detection with deep nearest neighbors").
+
+Short prompts give noisy averages, so every feature is shrunk towards the normal corpus'
+median with ``PRIOR_TOKENS`` pseudo-tokens: a 3-token greeting cannot look odd by
+chance, a 200-token hex dump keeps its value. The features, standardised on the normal
+calibration part, are combined by one logistic model fitted on that part against the
+*tuning* classes of generated odd text (``rsp_bench.adversarial.machine_text.TUNING``); the
+one threshold on its log-odds is chosen for a stated false-alarm rate on the *held-out*
+normal part. Held-out generated classes are never seen by the fit. Hidden-state norms
+outside the calibrated band (x/÷ ``NORM_SLACK``) score +inf: no ordinary input does that.
+
+Must NOT import ``rsp_bench``. Imports torch and the engine's model module only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .model import KVCache, ModelWeights, logits_from_hidden, prefill
+
+OOD_VERSION = 2
+SCORED_POSITIONS = 48
+HIGH_LOSS_QUANTILE = 0.95
+EASY_NATS = 0.5
+PRIOR_TOKENS = 8.0
+KNN = 10
+DEPTHS = (0.75, 0.9)
+NORM_SLACK = 1.5
+DEFAULT_TARGET_FAR = 0.015
+RIDGE = 0.03
+FIT_MAX_TOKENS = 512  # calibration texts are cut here (prefill cost); features are per-token means
+
+FEATURES = ("high_loss", "entropy", "unsure", "no_easy", "surprise_gap", "entropy_spread", "short_tokens",
+            "byte_pieces")
+
+
+def blocks_for(n_layers: int) -> tuple[int, ...]:
+    return tuple(sorted({min(n_layers - 1, max(1, round(f * n_layers))) for f in DEPTHS}))
+
+
+def feature_names(n_layers: int) -> tuple[str, ...]:
+    return FEATURES + tuple(f"far{b}" for b in blocks_for(n_layers))
+
+
+@dataclass
+class PromptStats:
+    """What one prompt's prefill gives the score; computed once, used by fit and score."""
+
+    nll: np.ndarray  # [m] loss (nats) of content tokens at the scored positions
+    entropy: np.ndarray  # [m] the model's next-token entropy there (nats)
+    chars_per_token: float
+    byte_pieces: float  # share of content tokens that are lone non-ASCII byte pieces
+    n_tokens: int  # content tokens
+    pooled: dict[int, np.ndarray]  # block -> [D] mean unit direction of the content tokens
+    norm_lo: np.ndarray  # [L] min hidden-state norm over content tokens, per block output
+    norm_hi: np.ndarray  # [L]
+
+
+def content_span(ids: Sequence[int], prefix: Sequence[int], suffix: Sequence[int]) -> tuple[int, int]:
+    """[lo, hi) of the user's content in ``ids``: after the template prefix (else after the first
+    token) and before the template suffix; never empty."""
+    n = len(ids)
+    lo = len(prefix) if len(prefix) < n and list(ids[:len(prefix)]) == list(prefix) else min(1, n - 1)
+    hi = n - len(suffix) if suffix and n - len(suffix) > lo and list(ids[n - len(suffix):]) == list(suffix) else n
+    return lo, max(hi, lo + 1)
+
+
+def byte_piece_ids(decode: Callable[[list[int]], str], vocab: int, scan: int = 1024) -> frozenset[int]:
+    """Token ids that stand for one non-ASCII byte alone (they decode to U+FFFD). Byte-level BPE
+    keeps its 256 base bytes among the first ids, so scanning the first ``scan`` finds them."""
+    return frozenset(i for i in range(min(scan, vocab)) if decode([i]) == "\ufffd")
+
+
+def prompt_stats(w: ModelWeights, hidden: Sequence[torch.Tensor], row: int, offset: int, ids: Sequence[int],
+                 lo: int, hi: int, n_chars: int, byte_ids: frozenset[int] = frozenset()) -> PromptStats:
+    """Statistics of one row of a prefill. ``hidden[l]`` [B, S, D] enters block l (``hidden[-1]``
+    is the final stream); the row's tokens sit at ``offset + i`` (left padding)."""
+    L = len(hidden) - 1
+    # Position p predicts token p + 1: score predictions of content tokens (the first content
+    # token is predicted by the template's last token).
+    first, last = max(lo - 1, 0), hi - 2
+    if last < first:
+        nll = ent = np.zeros(0)
+    else:
+        pred = torch.arange(first, last + 1)
+        if len(pred) > SCORED_POSITIONS:
+            pred = torch.linspace(first, last, SCORED_POSITIONS).round().long().unique()
+        logp = torch.log_softmax(logits_from_hidden(w, hidden[-1][row, offset + pred]), -1)
+        targets = torch.tensor([ids[int(p) + 1] for p in pred])
+        nll = (-logp.gather(-1, targets[:, None])[:, 0]).double().numpy()
+        ent = (-(logp.exp() * logp).sum(-1)).double().numpy()
+    pooled = {}
+    for b in blocks_for(L):
+        h = hidden[b][row, offset + lo: offset + hi].double()
+        pooled[b] = (h / h.norm(dim=-1, keepdim=True).clamp_min(1e-12)).mean(0).numpy()
+    norms = torch.stack([h[row, offset + lo: offset + hi].norm(dim=-1) for h in hidden[1:]])
+    n = max(hi - lo, 1)
+    pieces = sum(1 for t in ids[lo:hi] if t in byte_ids) / n
+    return PromptStats(nll, ent, n_chars / n, pieces, hi - lo, pooled,
+                       norms.min(1).values.double().numpy(), norms.max(1).values.double().numpy())
+
+
+def _token_features(s: PromptStats, high_loss_q: float) -> np.ndarray:
+    nll, ent = s.nll, s.entropy
+    if nll.size == 0:
+        return np.full(6, np.nan)
+    return np.array([np.mean(nll > high_loss_q), ent.mean(), np.mean(ent >= EASY_NATS), np.mean(nll >= EASY_NATS),
+                     np.abs(nll - ent).mean(), ent.std()])
+
+
+@dataclass
+class OODDetector:
+    """The fitted score and its one threshold, for one model's weights."""
+
+    n_layers: int
+    high_loss_q: float
+    prior: np.ndarray  # [F] normal-corpus medians the short-prompt shrinkage pulls towards
+    mu: np.ndarray  # [F] standardisation on the normal calibration part
+    sd: np.ndarray
+    weights: np.ndarray  # [F + 1] logistic model, bias last
+    bank: dict[int, np.ndarray]  # block -> [N, D] unit pooled directions of the normal calibration part
+    norm_lo: np.ndarray
+    norm_hi: np.ndarray
+    threshold: float
+    info: dict = field(default_factory=dict)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return feature_names(self.n_layers)
+
+    def raw_features(self, s: PromptStats, exclude: int | None = None) -> np.ndarray:
+        """The features before shrinkage (NaN where a prompt has no scored position).
+        ``exclude``: the bank row that is this prompt itself (during the fit), left out of its
+        own neighbours."""
+        f = list(_token_features(s, self.high_loss_q)) + [-math.log(max(s.chars_per_token, 1e-3)), s.byte_pieces]
+        for b, bank in sorted(self.bank.items()):
+            v = s.pooled[b] / max(np.linalg.norm(s.pooled[b]), 1e-12)
+            cos = bank @ v
+            if exclude is not None:
+                cos[exclude] = -np.inf
+            # log: a code snippet in a language the corpus lacks is far, random text is farther
+            # still, and on a linear scale the first would already outvote every loss feature.
+            f.append(math.log(max(1.0 - float(np.sort(cos)[-KNN:].mean()), 1e-4)))
+        return np.asarray(f)
+
+    def features(self, s: PromptStats, exclude: int | None = None) -> np.ndarray:
+        """The features, shrunk towards ``prior`` with PRIOR_TOKENS pseudo-tokens."""
+        raw = self.raw_features(s, exclude)
+        m = min(s.n_tokens, SCORED_POSITIONS)
+        return np.where(np.isnan(raw), self.prior, (raw * m + self.prior * PRIOR_TOKENS) / (m + PRIOR_TOKENS))
+
+    def log_odds(self, feats: np.ndarray) -> np.ndarray:
+        z = (np.atleast_2d(feats) - self.mu) / self.sd
+        return z @ self.weights[:-1] + self.weights[-1]
+
+    def norm_outside(self, s: PromptStats) -> bool:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return bool(np.any(s.norm_hi > self.norm_hi * NORM_SLACK) or np.any(s.norm_lo < self.norm_lo / NORM_SLACK)
+                        or not np.all(np.isfinite(s.norm_hi)))
+
+    def score(self, s: PromptStats) -> float:
+        """Log-odds that the prompt is odd; +inf for norms outside the band or non-finite losses."""
+        if self.norm_outside(s) or not np.all(np.isfinite(s.nll)):
+            return math.inf
+        return float(self.log_odds(self.features(s))[0])
+
+    def reason(self, s: PromptStats) -> str | None:
+        """"hidden_norm", "ood_score" or None (the names degradation.REASONS lists)."""
+        if self.norm_outside(s):
+            return "hidden_norm"
+        return "ood_score" if self.score(s) > self.threshold else None
+
+
+def _logistic(A: np.ndarray, y: np.ndarray, wts: np.ndarray, ridge: float) -> np.ndarray:
+    """Weighted ridge logistic regression by Newton's method (bias unpenalised)."""
+    A1 = np.c_[A, np.ones(len(A))]
+    w = np.zeros(A1.shape[1])
+    pen = np.r_[np.full(A.shape[1], ridge), 0.0]
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-np.clip(A1 @ w, -30, 30)))
+        g = A1.T @ (wts * (p - y)) + pen * w
+        H = (A1 * (wts * p * (1 - p))[:, None]).T @ A1 + np.diag(pen) + 1e-9 * np.eye(len(w))
+        step = np.linalg.solve(H, g)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w
+
+
+def fit(calib: Sequence[PromptStats], odd: Sequence[PromptStats], heldout: Sequence[PromptStats], n_layers: int,
+        target_far: float = DEFAULT_TARGET_FAR) -> OODDetector:
+    """Fit on normal ``calib`` against generated ``odd`` text (tuning classes only); choose the
+    threshold for ``target_far`` false alarms on the normal ``heldout`` part."""
+    if len(calib) < 16 or len(odd) < 8 or len(heldout) < 8:
+        raise ValueError(f"need >= 16 calibration, 8 odd and 8 held-out prompts, got {len(calib)}, {len(odd)}, "
+                         f"{len(heldout)}")
+    if not 0.0 < target_far < 0.5:
+        raise ValueError(f"target_far must be in (0, 0.5), got {target_far!r}")
+    q = float(np.quantile(np.concatenate([s.nll for s in calib]), HIGH_LOSS_QUANTILE))
+    blocks = blocks_for(n_layers)
+    bank = {b: np.stack([s.pooled[b] / max(np.linalg.norm(s.pooled[b]), 1e-12) for s in calib]) for b in blocks}
+    F = len(feature_names(n_layers))
+    det = OODDetector(n_layers, q, np.zeros(F), np.zeros(F), np.ones(F), np.zeros(F + 1), bank,
+                      np.min([s.norm_lo for s in calib], axis=0), np.max([s.norm_hi for s in calib], axis=0), math.inf)
+    det.prior = np.median([det.raw_features(s, exclude=i) for i, s in enumerate(calib) if s.n_tokens >= 16], axis=0)
+    Xc = np.array([det.features(s, exclude=i) for i, s in enumerate(calib)])
+    Xo = np.array([det.features(s) for s in odd])
+    det.mu, det.sd = Xc.mean(0), Xc.std(0) + 1e-9
+    A = (np.vstack([Xc, Xo]) - det.mu) / det.sd
+    y = np.r_[np.zeros(len(Xc)), np.ones(len(Xo))]
+    wts = np.r_[np.full(len(Xc), 0.5 / len(Xc)), np.full(len(Xo), 0.5 / len(Xo))]  # classes weigh the same
+    det.weights = _logistic(A, y, wts, RIDGE)
+    held = np.array([det.score(s) for s in heldout])
+    det.threshold = float(np.quantile(held, 1.0 - target_far, method="higher"))
+    det.info = {"n_calibration": len(calib), "n_odd_tuning": len(odd), "n_heldout": len(heldout),
+                "target_false_alarm_rate": target_far, "heldout_false_alarms": int((held > det.threshold).sum()),
+                "calibration_false_alarms": int((det.log_odds(Xc) > det.threshold).sum()),
+                "tuning_detected": int((det.log_odds(Xo) > det.threshold).sum()),
+                "weights": dict(zip(det.names + ("bias",), np.round(det.weights, 4).tolist()))}
+    return det
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def detector_path(folder: Path, weights_sha256: str) -> Path:
+    return folder / "calibration" / f"{weights_sha256[:16]}-ood-v{OOD_VERSION}.npz"
+
+
+def save(det: OODDetector, path: Path, weights_sha256: str) -> None:
+    """Write atomically as .npz (arrays and a JSON header, no pickle)."""
+    arrays = {"prior": det.prior, "mu": det.mu, "sd": det.sd, "weights": det.weights, "norm_lo": det.norm_lo,
+              "norm_hi": det.norm_hi}
+    arrays.update({f"bank{b}": v.astype(np.float16) for b, v in det.bank.items()})
+    header = {"version": OOD_VERSION, "weights_sha256": weights_sha256, "n_layers": det.n_layers,
+              "high_loss_q": det.high_loss_q, "threshold": det.threshold, "blocks": sorted(det.bank),
+              "features": list(det.names), "info": det.info}
+    arrays["header"] = np.array(json.dumps(header))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(buf.getvalue())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; it is package data
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load(path: Path, weights_sha256: str) -> OODDetector | None:
+    """The stored detector, or None when missing, damaged, of another version or other weights."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            h = json.loads(str(z["header"]))
+            if h.get("version") != OOD_VERSION or h.get("weights_sha256") != weights_sha256:
+                return None
+            bank = {int(b): z[f"bank{b}"].astype(np.float64) for b in h["blocks"]}
+            return OODDetector(int(h["n_layers"]), float(h["high_loss_q"]), z["prior"], z["mu"], z["sd"], z["weights"],
+                               bank, z["norm_lo"], z["norm_hi"], float(h["threshold"]), h.get("info", {}))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged file is refitted, never trusted
+
+
+# --------------------------------------------------------------------------- collection
+
+
+def template_ends(encode: Callable[[str], list[int]]) -> tuple[list[int], list[int]]:
+    """The chat template's fixed prefix and suffix token ids (what two different prompts share)."""
+    a, b = encode("a"), encode("b")
+    p = 0
+    while p < min(len(a), len(b)) and a[p] == b[p]:
+        p += 1
+    s = 0
+    while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
+        s += 1
+    return a[:p], a[len(a) - s:]
+
+
+def collect(w: ModelWeights, encode: Callable[[str], list[int]], texts: Iterable[str],
+            byte_ids: frozenset[int] = frozenset(),
+            progress: Callable[[int, int], None] | None = None) -> list[PromptStats]:
+    """Prefill each text (content cut to ``FIT_MAX_TOKENS``) and keep its PromptStats."""
+    prefix, suffix = template_ends(encode)
+    texts = list(texts)
+    out = []
+    with torch.no_grad():
+        for i, text in enumerate(texts):
+            ids = encode(text)
+            lo, hi = content_span(ids, prefix, suffix)
+            n_chars = len(text)
+            if hi - lo > FIT_MAX_TOKENS:
+                n_chars = round(n_chars * FIT_MAX_TOKENS / (hi - lo))
+                ids = ids[:lo + FIT_MAX_TOKENS] + ids[hi:]
+                hi = lo + FIT_MAX_TOKENS
+            S = len(ids)
+            hidden: list[torch.Tensor] = []
+            cache = KVCache.allocate(w.dims, 1, S)
+            prefill(w, cache, torch.tensor([ids]), torch.arange(S)[None], torch.ones(1, S, dtype=torch.bool),
+                    hidden_out=hidden)
+            out.append(prompt_stats(w, hidden, 0, 0, ids, lo, hi, n_chars, byte_ids))
+            if progress is not None:
+                progress(i + 1, len(texts))
+    return out
