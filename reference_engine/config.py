@@ -13,6 +13,7 @@ from .errors import ConfigError
 
 LOG_LEVELS = ("NONE", "SUMMARY", "DETAILED")
 MODES = ("off", "lossy", "lossless", "static")
+ROUTERS = ("block", "unit")
 FIRST_AND_LAST = "first_and_last"
 
 
@@ -34,6 +35,11 @@ class PruningConfig:
     tau0: the base threshold in nats before the four signal factors. 0.05 was chosen from a
         measured sweep on the embedded model (teacher-forced top-1 agreement 0.98 at sensitivity
         0.5, 0.77 at 1.0); see the README's quality table for the current figures.
+    router: which lossy router decides: "block" (router.Router: whole blocks, EMA scores of
+        earlier tokens, probe steps) or "unit" (router.UnitRouter: attention and MLP apart, scores
+        predicted from this token's own unit inputs inside the decode step; unit_predictor.py).
+    static_attn_bypass / static_mlp_bypass: in "static" mode, blocks whose attention / MLP alone
+        is bypassed on every decode token (per-unit static removal, the baseline at equal bytes).
     """
 
     sensitivity: float = 0.5
@@ -44,6 +50,9 @@ class PruningConfig:
     probe_interval: int = 8
     tau0: float = 0.05
     static_bypass: tuple[int, ...] = ()
+    router: str = "block"
+    static_attn_bypass: tuple[int, ...] = ()
+    static_mlp_bypass: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         s = self.sensitivity
@@ -70,10 +79,13 @@ class PruningConfig:
         if not isinstance(self.tau0, (int, float)) or not 0.0 < self.tau0 <= 1.0:
             raise ConfigError(f"tau0 must be a number in (0, 1], got {self.tau0!r}")
 
-        for i in self.static_bypass:
-            if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-                raise ConfigError(f"static_bypass entries must be integers >= 0, got {i!r}")
-        object.__setattr__(self, "static_bypass", tuple(sorted(set(self.static_bypass))))
+        if self.router not in ROUTERS:
+            raise ConfigError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        for name in ("static_bypass", "static_attn_bypass", "static_mlp_bypass"):
+            for i in getattr(self, name):
+                if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+                    raise ConfigError(f"{name} entries must be integers >= 0, got {i!r}")
+            object.__setattr__(self, name, tuple(sorted(set(getattr(self, name)))))
 
     def blacklist_for(self, n_layers: int) -> frozenset[int]:
         """The blacklist resolved for a model with ``n_layers`` blocks (range checked here)."""
@@ -82,9 +94,10 @@ class PruningConfig:
         for i in self.layer_blacklist:
             if i >= n_layers:
                 raise ConfigError(f"layer_blacklist index {i} is out of range for a model with {n_layers} blocks (0..{n_layers - 1})")
-        for i in self.static_bypass:
-            if i >= n_layers:
-                raise ConfigError(f"static_bypass index {i} is out of range for a model with {n_layers} blocks")
+        for name in ("static_bypass", "static_attn_bypass", "static_mlp_bypass"):
+            for i in getattr(self, name):
+                if i >= n_layers:
+                    raise ConfigError(f"{name} index {i} is out of range for a model with {n_layers} blocks")
         return frozenset(self.layer_blacklist)
 
     @property

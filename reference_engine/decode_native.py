@@ -12,7 +12,9 @@ path's to float32 rounding, not bit for bit. It is the engine's default kernel w
 (``engine.default_decode_kernel``, ``RSP_DECODE_KERNEL``): measured to flip no greedy token
 against the torch kernel on 57 suite prompts and 16 held-out ones (results/kernel_flips.json), and
 the equivalence suite re-checks pruning off against ``transformers`` on every run.
-``model.decode_step(kernel="torch")`` runs transformers' own kernels.
+``model.decode_step(kernel="torch")`` runs transformers' own kernels. Per-unit flags and the unit
+gate (``model.UnitGate``) are decided inside the same C call; the gate's dot products run on every
+thread from the same data, so decisions and logits are bit-identical at 1 and 2 threads.
 
 The C source is compiled on first use with the system C compiler (``$CC``, else cc, gcc or clang)
 at ``-O3 -march=native`` with OpenMP when the compiler has it, and cached under the engine's cache
@@ -40,7 +42,7 @@ from typing import Any
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "rsp_decode.c"
-ABI_VERSION = 1
+ABI_VERSION = 2
 BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
 OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 
@@ -148,7 +150,9 @@ def load_library() -> ctypes.CDLL:
     lib.rsp_decode_step.restype = ctypes.c_int
     lib.rsp_decode_step.argtypes = [
         ctypes.POINTER(_Model), _pp, _pp, _i64, _i64, _i64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-        _i64, ctypes.c_char_p, _pp, _pp, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        _i64, ctypes.c_char_p, ctypes.c_char_p, _pp, _pp, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.rsp_gemv.restype = ctypes.c_int
     lib.rsp_gemv.argtypes = [ctypes.c_void_p, _i64, _i64, ctypes.c_void_p, _i64, ctypes.c_void_p, ctypes.c_int]
     _LIB = lib
@@ -224,7 +228,8 @@ def _native_cache(cache: Any) -> _NativeCache:
 
 def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: torch.Tensor,
                        key_valid: torch.Tensor, keep: list[bool] | None, bypass: list[Any] | None,
-                       stream: torch.Tensor | None) -> torch.Tensor:
+                       stream: torch.Tensor | None, keep_attn: list[bool] | None = None,
+                       keep_mlp: list[bool] | None = None, gate: Any = None) -> torch.Tensor:
     """``model.decode_step`` in one C call (same arguments, same effects on cache and stream);
     returns fresh logits [B, V]."""
     lib = load_library()
@@ -242,24 +247,27 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
     start = cache.length
     if valid.shape[1] <= start:
         raise ValueError(f"key_valid covers {valid.shape[1]} positions, the step writes position {start}")
-    keep_b = None
+    keep_a = keep_m = None
     down = up = rank = None
-    if keep is not None:
-        if len(keep) != nw.n_blocks:
-            raise ValueError(f"keep has {len(keep)} entries for {nw.n_blocks} blocks")
-        keep_b = bytes(bool(k) for k in keep)
-        if bypass is not None and not all(keep):
-            held, dp, upp, rk = [], [0] * nw.n_blocks, [0] * nw.n_blocks, [0] * nw.n_blocks
-            for layer, k in enumerate(keep):
-                lin = bypass[layer] if not k else None
-                if lin is not None:
-                    dn = lin.down.detach().to(torch.float32).contiguous()
-                    u = lin.up.detach().to(torch.float32).contiguous()
-                    held += [dn, u]
-                    dp[layer], upp[layer], rk[layer] = dn.data_ptr(), u.data_ptr(), dn.shape[1]
-            if held:
-                down, up = _ptrs(dp), _ptrs(upp)
-                rank = (_i64 * nw.n_blocks)(*rk)
+    if keep is not None and keep_attn is None:
+        keep_attn = keep_mlp = keep
+    if keep_attn is not None:
+        for name, flags in (("keep", keep_attn), ("keep_mlp", keep_mlp)):
+            if flags is None or len(flags) != nw.n_blocks:
+                raise ValueError(f"{name} has {None if flags is None else len(flags)} entries for {nw.n_blocks} blocks")
+        keep_a, keep_m = bytes(bool(k) for k in keep_attn), bytes(bool(k) for k in keep_mlp)
+    may_bypass_block = gate is not None or (keep_attn is not None and
+                                            not all(a or m for a, m in zip(keep_attn, keep_mlp)))
+    if bypass is not None and may_bypass_block:
+        down, up, rank = _bypass_pointers(bypass, nw.n_blocks)
+    g = [None] * 5
+    if gate is not None:
+        U = 2 * nw.n_blocks
+        if tuple(gate.weight.shape) != (U, w.dims.hidden) or tuple(gate.log_tau.shape) != (B, U):
+            raise ValueError(f"the unit gate must be weight [{U}, {w.dims.hidden}] and log_tau [{B}, {U}], got "
+                             f"{tuple(gate.weight.shape)} and {tuple(gate.log_tau.shape)}")
+        g = [_check(gate.weight, "gate weight"), _check(gate.bias, "gate bias"), _check(gate.log_tau, "gate log_tau"),
+             _check(gate.scores, "gate scores"), gate.decisions.data_ptr()]
     st = None
     if stream is not None:
         st = _check(stream, "stream")
@@ -267,9 +275,9 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
             raise ValueError(f"stream must be [{nw.n_blocks + 1}, {B}, {w.dims.hidden}], got {tuple(stream.shape)}")
     logits = torch.empty(B, w.dims.vocab)
     rc = lib.rsp_decode_step(nw.ref, nc.k, nc.v, nc.capacity, B, start, tok.data_ptr(), pos.data_ptr(),
-                             valid.data_ptr(), valid.stride(0), keep_b, down, up,
+                             valid.data_ptr(), valid.stride(0), keep_a, keep_m, down, up,
                              ctypes.cast(rank, ctypes.c_void_p) if rank is not None else None,
-                             st, logits.data_ptr(), torch.get_num_threads())
+                             *g, st, logits.data_ptr(), torch.get_num_threads())
     if rc != 0:
         why = {-1: "bad dimensions or a full KV cache", -2: "out of memory",
                -3: "a token id or position out of range"}.get(rc, "unknown")
@@ -277,6 +285,28 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
                          f"positions {pos.tolist()}, cache {start}/{nc.capacity})")
     cache.length = start + 1
     return logits
+
+
+_MAPS: dict[int, tuple] = {}
+
+
+def _bypass_pointers(bypass: list[Any], n_blocks: int):
+    """Pointer arrays for the blocks' BypassMaps, built once per bypass list (not per step)."""
+    hit = _MAPS.get(id(bypass))
+    if hit is not None and hit[0] is bypass:
+        return hit[2:]
+    held, dp, upp, rk = [], [0] * n_blocks, [0] * n_blocks, [0] * n_blocks
+    for layer, lin in enumerate(bypass):
+        if lin is not None:
+            dn = lin.down.detach().to(torch.float32).contiguous()
+            u = lin.up.detach().to(torch.float32).contiguous()
+            held += [dn, u]
+            dp[layer], upp[layer], rk[layer] = dn.data_ptr(), u.data_ptr(), dn.shape[1]
+    entry = (bypass, held, None, None, None) if not held else \
+        (bypass, held, _ptrs(dp), _ptrs(upp), (_i64 * n_blocks)(*rk))
+    _MAPS.clear()
+    _MAPS[id(bypass)] = entry
+    return entry[2:]
 
 
 def gemv(weight: torch.Tensor, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:

@@ -90,9 +90,12 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: torch.Tensor,
                       key_valid: torch.Tensor, keep: list[bool] | None, bypass: list[Any] | None,
-                      stream: torch.Tensor | None) -> torch.Tensor:
+                      stream: torch.Tensor | None, keep_attn: list[bool] | None = None,
+                      keep_mlp: list[bool] | None = None, gate: Any = None) -> torch.Tensor:
     """``model.decode_step`` with numpy kernels (same arguments, same effects on cache and
-    stream); returns logits [B, V] as a torch tensor sharing the numpy result's memory."""
+    stream); returns logits [B, V] as a torch tensor sharing the numpy result's memory.
+    ``keep_attn`` / ``keep_mlp`` (both given, already combined with ``keep`` by model.decode_step)
+    and ``gate`` (model.UnitGate) decide attention and MLP apart, as the torch kernel does."""
     d = w.dims
     nw = numpy_weights(w)
     start = cache.length
@@ -112,6 +115,24 @@ def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: to
     bias = None if valid.all() else np.where(valid, np.float32(0), np.float32(-np.inf))[:, None, None, :]
     st = stream.numpy() if stream is not None else None
     cache_k, cache_v = cache.numpy_views()
+    units = keep_attn is not None
+    if gate is not None:
+        g_w, g_b, g_tau = gate.weight.numpy(), gate.bias.numpy(), gate.log_tau.numpy()
+        g_s, g_d = gate.scores.numpy(), gate.decisions.numpy()
+
+    def decide(unit: int, x: np.ndarray, run: bool) -> bool:
+        # returns whether the unit runs; scores and decisions go back to the caller's buffers
+        if gate is None:
+            return run
+        if not run:
+            g_s[:, unit], g_d[unit] = -np.inf, 1
+            return False
+        s_u = x @ g_w[unit] + g_b[unit]
+        g_s[:, unit] = s_u
+        by = bool((s_u < g_tau[:, unit]).all())
+        g_d[unit] = 1 if by else 0
+        return not by
+
     if st is not None:
         st[0] = h
     with np.errstate(over="ignore"):  # exp(-g) overflows to inf for very negative g: silu -> -0, as torch
@@ -119,6 +140,21 @@ def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: to
             run = keep is None or keep[layer]
             x = _rms(h, blk.attn_norm, eps)
             kc, vc = cache_k[layer], cache_v[layer]  # [B, KV, T, hd]
+            if units:
+                run_attn = decide(2 * layer, x, keep_attn[layer])
+                h = _unit_attn(blk, x, h, kc, vc, start, end, cos, sin, bias, scale, run_attn, B, H, KV, hd, G)
+                xm = _rms(h, blk.mlp_norm, eps)
+                if decide(2 * layer + 1, xm, keep_mlp[layer]):
+                    gu = _mv(xm, blk.w_gate_up)
+                    g = gu[:, :F]
+                    h = h + _mv(g / (np.float32(1) + np.exp(-g)) * gu[:, F:], blk.w_down)
+                elif not run_attn:
+                    lin = bypass[layer] if bypass is not None else None
+                    if lin is not None:
+                        h = h + (h @ _np(lin.down)) @ _np(lin.up)
+                if st is not None:
+                    st[layer + 1] = h
+                continue
             if run:
                 qkv = _mv(x, blk.wqkv)
                 q = _rope(qkv[:, :qd].reshape(B, H, hd), cos, sin)
@@ -149,3 +185,29 @@ def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: to
                 st[layer + 1] = h
     cache.length = end
     return torch.from_numpy(_mv(_rms(h, nw.final_norm, eps), nw.lm_head))
+
+
+def _unit_attn(blk: _NpBlock, x: np.ndarray, h: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int,
+               end: int, cos: np.ndarray, sin: np.ndarray, bias: np.ndarray | None, scale: np.float32,
+               run: bool, B: int, H: int, KV: int, hd: int, G: int) -> np.ndarray:
+    """The attention unit of one block (K/V always written); returns the stream after it."""
+    qd, kvd = H * hd, KV * hd
+    if run:
+        qkv = _mv(x, blk.wqkv)
+        q = _rope(qkv[:, :qd].reshape(B, H, hd), cos, sin)
+        kv = qkv[:, qd:]
+    else:
+        kv = _mv(x, blk.wkv)
+    kc[:, :, start] = _rope(kv[:, :kvd].reshape(B, KV, hd), cos, sin)
+    vc[:, :, start] = kv[:, kvd:].reshape(B, KV, hd)
+    if not run:
+        return h
+    scores = np.matmul(q.reshape(B, KV, G, hd), kc[:, :, :end].transpose(0, 1, 3, 2))  # [B, KV, G, T]
+    scores *= scale
+    if bias is not None:
+        scores += bias
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    attn = np.matmul(scores, vc[:, :, :end]).reshape(B, qd)
+    return h + _mv(attn, blk.wo)

@@ -227,10 +227,20 @@ class Engine:
         cache = KVCache.allocate(dims, B, capacity)
 
         prunes = cfg.prunes and cfg.mode == "lossy"
-        static_keep = None
+        static_keep = static_attn = static_mlp = None
+        static_saved = 0
         if cfg.mode == "static":
             self.calibration()
             static_keep = [i not in cfg.static_bypass for i in range(dims.n_layers)]
+            if cfg.static_attn_bypass or cfg.static_mlp_bypass:  # per-unit static removal
+                static_attn = [k and i not in cfg.static_attn_bypass for i, k in enumerate(static_keep)]
+                static_mlp = [k and i not in cfg.static_mlp_bypass for i, k in enumerate(static_keep)]
+        unit_bytes, block_bytes = self.unit_bytes()
+        unit = prunes_unit = cfg.prunes and cfg.mode == "lossy" and cfg.router == "unit"
+        if static_attn is not None:
+            unit = True
+            static_saved = int(sum(unit_bytes[2 * i] for i, k in enumerate(static_attn) if not k) +
+                               sum(unit_bytes[2 * i + 1] for i, k in enumerate(static_mlp) if not k))
         hidden: list[torch.Tensor] | None = [] if prunes else None
         logits = prefill(w, cache, ids, positions, key_valid, hidden_out=hidden)
         router = None
@@ -242,7 +252,7 @@ class Engine:
             cal = self.calibration()
             router_t0 = time.perf_counter()
             self._check_degradation(rows, hidden, cal)
-            router = self._make_router(rows, cfg, cal)
+            router = self._make_unit_router(rows, cfg, cal) if prunes_unit else self._make_router(rows, cfg, cal)
             setup_time = time.perf_counter() - router_t0
         t_first = time.perf_counter()
 
@@ -251,7 +261,9 @@ class Engine:
         out: list[list[int]] = [[] for _ in range(B)]
         done = [False] * B
         bypassed = np.zeros(B, dtype=np.int64)
-        executed_trace: list[int] = []
+        bytes_saved = np.zeros(B, dtype=np.int64)  # weight bytes not read, per row (unit paths)
+        units_bypassed = np.zeros(B, dtype=np.int64)
+        executed_trace: list[float] = []
         step_logits: list[torch.Tensor] = []
         active = np.array([r.degraded_reason is None for r in rows])
         stream = self._stream_buffer(B) if router is not None else None
@@ -276,6 +288,15 @@ class Engine:
                 break
             t0 = time.perf_counter()
             keep = static_keep
+            if unit:
+                logits = self._unit_step(router, static_attn, static_mlp, cache, tok, next_pos, key_valid, stream,
+                                         active, done, bytes_saved, units_bypassed, executed_trace, detail,
+                                         detail_lines, step, rows, block_bytes, static_saved if router is None else 0)
+                next_pos = next_pos + 1
+                if router is not None:
+                    router_time += router.time_s
+                step_times.append(time.perf_counter() - t0)
+                continue
             if static_keep is not None:
                 bypassed += np.where(np.array(done), 0, dims.n_layers - sum(keep))
             if router is not None:
@@ -308,10 +329,16 @@ class Engine:
         results = []
         for b, r in enumerate(rows):
             n_tok = len(out[b])
+            if unit:  # units are parts of blocks: count block-equivalents by weight bytes not read
+                bypassed[b] = int(round(bytes_saved[b] / block_bytes))
             stats = {
                 "layers_bypassed": int(bypassed[b]),
                 "total_tokens": n_tok,
-                "bypass_ratio": float(bypassed[b]) / (dims.n_layers * n_tok) if n_tok else 0.0,
+                "bypass_ratio": (float(bytes_saved[b]) / (block_bytes * dims.n_layers * n_tok) if unit else
+                                 float(bypassed[b]) / (dims.n_layers * n_tok)) if n_tok else 0.0,
+                "bypassed_weight_bytes": int(bytes_saved[b]) if unit else int(bypassed[b]) * block_bytes,
+                "units_bypassed": int(units_bypassed[b]) if unit else 2 * int(bypassed[b]),
+                "router": cfg.router,
                 "degraded": r.degraded_reason is not None,
                 "degraded_reason": r.degraded_reason,
                 "mode": cfg.mode,
@@ -377,7 +404,7 @@ class Engine:
     def ood_detector(self) -> ood.OODDetector | None:
         """The fitted out-of-distribution score for these weights: packaged copy, else cache
         (``scripts/calibrate_ood.py`` fits one), else None (then the coarser mean-loss and norm
-        checks stand in, with a warning)."""
+        checks stand in; logged at INFO, since any local model starts there)."""
         if getattr(self, "_ood", None) is None:
             found = None
             for where in (Path(__file__).parent / "data", cache_root()):
@@ -385,7 +412,7 @@ class Engine:
                 if found is not None:
                     break
             if found is None:
-                log.warning("no out-of-distribution detector for weights %s: protective degradation uses the "
+                log.info("no out-of-distribution detector for weights %s: protective degradation uses the "
                             "mean prompt loss and norm checks only (scripts/calibrate_ood.py fits one)",
                             self.weights_sha256[:12])
             self._ood = found if found is not None else False
@@ -432,6 +459,80 @@ class Engine:
             wm = cfg.hardware_watermark
         return Router(rc, len(rows), cfg.sensitivity, cfg.tau0, cfg.blacklist_for(self.dims.n_layers),
                       f_density, watermark_factor(wm), cfg.probe_interval)
+
+    def unit_bytes(self) -> tuple[np.ndarray, int]:
+        """Weight bytes a bypass of each unit does not read [2L], and one whole block's bytes."""
+        from .unit_predictor import unit_bytes
+
+        if getattr(self, "_unit_bytes", None) is None:
+            self._unit_bytes = unit_bytes(self.weights)
+        return self._unit_bytes
+
+    def unit_predictor(self, progress: Callable[[str], None] | None = None, force: bool = False):
+        """The unit router's predictor: packaged copy, else cache, else trained now and cached."""
+        from . import unit_predictor as up
+
+        if getattr(self, "_unit_predictor", None) is not None and not force:
+            return self._unit_predictor
+        found = None
+        if not force:
+            for where in (Path(__file__).parent / "data", cache_root()):
+                found = up.load(where, self.weights_sha256)
+                if found:
+                    break
+        if found is None:
+            found = up.train(self.weights, self.encode, self.eos_id, self.weights_sha256, progress,
+                             kernel=self.decode_kernel)
+            up.save(found, cache_root())
+        self._unit_predictor = found
+        return found
+
+    def _make_unit_router(self, rows: list[PromptRow], cfg: PruningConfig, cal: calib_mod.Calibration):
+        from .router import UnitRouter
+
+        pred = self.unit_predictor()
+        rc = RouterCalibration(impact=cal.impact, rel_mean=np.asarray(cal.rel_mean),
+                               grad_ref=np.asarray(cal.grad_ref), entropy_ref=cal.entropy_ref,
+                               density_ref=cal.density_ref)
+        f_density = np.array([density_factor(self._density(r.prompt, r.ids), cal.density_ref) for r in rows])
+        wm = sample_watermark()[0] if cfg.hardware_watermark is None else cfg.hardware_watermark
+        ub, bb = self.unit_bytes()
+        return UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(pred.bias), ub, bb, len(rows),
+                          cfg.sensitivity, cfg.tau0, cfg.blacklist_for(self.dims.n_layers), f_density,
+                          watermark_factor(wm))
+
+    def _unit_step(self, router, static_attn, static_mlp, cache, tok, next_pos, key_valid, stream, active, done,
+                   bytes_saved, units_bypassed, executed_trace, detail, detail_lines, step, rows, block_bytes,
+                   static_saved) -> torch.Tensor:
+        """One decode step with units decided apart: by the unit router (its gate decides inside
+        the step) or by fixed per-unit static flags. Updates the per-row byte and unit counts;
+        ``router.time_s`` is this step's router time (plan + after_step + observe)."""
+        not_done = ~np.array(done)
+        if router is None:
+            logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
+                                 kernel=self.decode_kernel, keep_attn=static_attn, keep_mlp=static_mlp)
+            n_units = sum(not k for k in static_attn) + sum(not k for k in static_mlp)
+            bytes_saved += np.where(not_done, static_saved, 0)
+            units_bypassed += np.where(not_done, n_units, 0)
+            executed_trace.append(self.dims.n_layers - static_saved / block_bytes)
+            return logits
+        t0 = time.perf_counter()
+        gate = router.plan(active)
+        t1 = time.perf_counter()
+        logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, stream,
+                             kernel=self.decode_kernel, gate=gate)
+        t2 = time.perf_counter()
+        by, saved = router.after_step()
+        bytes_saved += np.where(not_done, saved, 0)
+        units_bypassed += np.where(not_done, int(by.sum()), 0)
+        executed_trace.append(self.dims.n_layers - saved / block_bytes)
+        if detail:  # before observe: the thresholds this step used
+            t3 = time.perf_counter()
+            detail_lines.extend(router.detail_records(by, step + 1))
+            t2 += time.perf_counter() - t3  # logging is not router time
+        router.observe_step(stream, logits, by)
+        router.time_s = (t1 - t0) + (time.perf_counter() - t2)
+        return logits
 
     @staticmethod
     def _observe(router: Router, stream: torch.Tensor, logits: torch.Tensor, keep: list[bool]) -> None:

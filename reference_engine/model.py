@@ -13,6 +13,11 @@ has two other kernels with the same math, equal to float32 rounding but not bit 
 compiler builds it, about 1.5x this one) and "numpy" (decode_numpy.py, OpenBLAS GEMV). This
 file's torch kernel is the one transformers runs, and what prefill and lossless mode use.
 
+Units: the decode step can also bypass a block's attention and MLP apart (``keep_attn`` /
+``keep_mlp``), and decide them itself from each unit's normalised input with a ``UnitGate``
+(the unit router's predictor and thresholds); ``forward_units`` is the same math over a whole
+teacher-forced sequence with fixed unit flags, in one pass.
+
 Must not import the harness (``rsp_bench``) or anything from the router: this file is the math.
 """
 
@@ -265,9 +270,86 @@ class BypassMap:
 DECODE_KERNELS = ("torch", "numpy", "native")
 
 
+@dataclass
+class UnitGate:
+    """A per-unit router decision made inside the decode step, from this token's own input.
+
+    Units: row 2l is block l's attention, row 2l+1 its MLP. Before unit u runs, the step computes
+    its normalised input x_u (rms(h) * attn_norm for attention, rms(h) * mlp_norm for the MLP, which
+    the unit needs anyway) and the predicted log cost ``s_u = weight[u] . x_u + bias[u]`` (log
+    nats). The unit is bypassed when ``s_u < log_tau[b, u]`` for every row b. ``log_tau`` is -inf
+    for a unit that must run (blacklisted). The step writes ``scores`` [B, 2L] (s_u; -inf for a unit
+    that a fixed flag already bypassed) and ``decisions`` [2L] (1 = bypassed) back for the caller.
+    All tensors fp32 / uint8, contiguous, CPU (the native kernel reads them by pointer).
+    """
+
+    weight: Tensor  # [2L, D]
+    bias: Tensor  # [2L]
+    log_tau: Tensor  # [B, 2L]
+    scores: Tensor  # [B, 2L], written by the step
+    decisions: Tensor  # [2L] uint8, written by the step
+
+    @classmethod
+    def allocate(cls, weight: Tensor, bias: Tensor, batch: int) -> "UnitGate":
+        n = weight.shape[0]
+        return cls(weight.float().contiguous(), bias.float().contiguous(),
+                   torch.full((batch, n), float("-inf")), torch.zeros(batch, n), torch.zeros(n, dtype=torch.uint8))
+
+
+def _gate_says_bypass(gate: UnitGate, unit: int, x: Tensor) -> bool:
+    """x [B, D]: this unit's normalised input. Records the score and returns the decision."""
+    s = torch.mv(x, gate.weight[unit]) + gate.bias[unit]
+    gate.scores[:, unit] = s
+    by = bool((s < gate.log_tau[:, unit]).all())
+    gate.decisions[unit] = 1 if by else 0
+    return by
+
+
+def _unit_block(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, h: Tensor, start: int,
+                cos: Tensor, sin: Tensor, mask: Tensor | None, run_attn: bool, run_mlp: bool,
+                gate: UnitGate | None, lin: "BypassMap | None") -> Tensor:
+    """One decode block with attention and MLP decided apart; h [B, 1, D]. The same ops as
+    ``block_forward`` when both run, so the kept path stays bit-identical to it."""
+    B = h.shape[0]
+    x = rms_norm(h, blk.attn_norm, dims.rms_eps)
+    u = 2 * layer
+    if run_attn and gate is not None and _gate_says_bypass(gate, u, x[:, 0]):
+        run_attn = False
+    elif gate is not None and not run_attn:
+        gate.scores[:, u] = float("-inf")
+        gate.decisions[u] = 1
+    if run_attn:
+        qkv = F.linear(x, blk.wqkv)
+        q, k, v = qkv.split((dims.q_dim, dims.kv_dim, dims.kv_dim), dim=-1)
+        q = apply_rope(q.view(B, 1, dims.n_heads, dims.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(B, 1, dims.n_kv_heads, dims.head_dim).transpose(1, 2), cos, sin)
+        v = v.view(B, 1, dims.n_kv_heads, dims.head_dim).transpose(1, 2)
+        cache.k[layer][:, :, start:start + 1] = k
+        cache.v[layer][:, :, start:start + 1] = v
+        keys, values = cache.k[layer][:, :, :start + 1], cache.v[layer][:, :, :start + 1]
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=False, enable_gqa=True)
+        h2 = h + F.linear(attn.transpose(1, 2).reshape(B, 1, dims.q_dim), blk.wo)
+    else:
+        write_kv_only(blk, dims, cache, layer, h, start, cos, sin)
+        h2 = h
+    xm = rms_norm(h2, blk.mlp_norm, dims.rms_eps)
+    if run_mlp and gate is not None and _gate_says_bypass(gate, u + 1, xm[:, 0]):
+        run_mlp = False
+    elif gate is not None and not run_mlp:
+        gate.scores[:, u + 1] = float("-inf")
+        gate.decisions[u + 1] = 1
+    if run_mlp:
+        gate_, up = F.linear(xm, blk.w_gate_up).chunk(2, dim=-1)
+        return h2 + F.linear(F.silu(gate_) * up, blk.w_down)
+    if not run_attn and lin is not None:  # the whole block bypassed: its calibrated linear stand-in
+        return h + (h @ lin.down) @ lin.up
+    return h2
+
+
 def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: Tensor,
                 key_valid: Tensor, keep: list[bool] | None, bypass: list[BypassMap | None] | None,
-                stream: Tensor | None, kernel: str = "torch") -> Tensor:
+                stream: Tensor | None, kernel: str = "torch", keep_attn: list[bool] | None = None,
+                keep_mlp: list[bool] | None = None, gate: UnitGate | None = None) -> Tensor:
     """Decode one token per row. ``token_ids`` [B], ``positions`` [B] (RoPE positions).
 
     ``keep[l]`` False bypasses block l (identity, or its BypassMap when one is given) after writing
@@ -277,11 +359,28 @@ def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: T
     "numpy" (``decode_numpy``: same math over zero-copy numpy views; OpenBLAS sums in another
     order, so logits differ in the last bits) or "native" (``decode_native``: the same math as
     numpy's in one C call, compiled on first use; needs a C compiler). Returns logits [B, V].
+
+    Units: ``keep_attn[l]`` / ``keep_mlp[l]`` False bypass block l's attention (its K/V are still
+    written) or MLP alone; a unit runs only if ``keep`` and its own flag allow it. ``gate``
+    (UnitGate) may bypass more units, decided inside the step from each unit's input. A block
+    whose two units are both bypassed takes its BypassMap, as with ``keep[l]`` False.
     """
+    units = keep_attn is not None or keep_mlp is not None or gate is not None
+    if units:
+        L = w.dims.n_layers
+        for name, flags in (("keep_attn", keep_attn), ("keep_mlp", keep_mlp), ("keep", keep)):
+            if flags is not None and len(flags) != L:
+                raise ValueError(f"{name} has {len(flags)} entries for {L} blocks")
+        base = [True] * L if keep is None else [bool(k) for k in keep]
+        keep_attn = [b and (keep_attn is None or bool(a)) for b, a in zip(base, keep_attn or base)]
+        keep_mlp = [b and (keep_mlp is None or bool(m)) for b, m in zip(base, keep_mlp or base)]
+        keep = None
     if kernel == "numpy":
-        return decode_step_numpy(w, cache, token_ids, positions, key_valid, keep, bypass, stream)
+        return decode_step_numpy(w, cache, token_ids, positions, key_valid, keep, bypass, stream,
+                                 keep_attn, keep_mlp, gate)
     if kernel == "native":
-        return decode_step_native(w, cache, token_ids, positions, key_valid, keep, bypass, stream)
+        return decode_step_native(w, cache, token_ids, positions, key_valid, keep, bypass, stream,
+                                  keep_attn, keep_mlp, gate)
     if kernel != "torch":
         raise ValueError(f"decode kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
     dims = w.dims
@@ -292,7 +391,10 @@ def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: T
     if stream is not None:
         stream[0].copy_(h[:, 0])
     for layer, blk in enumerate(w.blocks):
-        if keep is None or keep[layer]:
+        if units:
+            h = _unit_block(blk, dims, cache, layer, h, start, cos, sin, mask, keep_attn[layer], keep_mlp[layer],
+                            gate, bypass[layer] if bypass is not None else None)
+        elif keep is None or keep[layer]:
             h = block_forward(blk, dims, cache, layer, h, start, cos, sin, mask, causal=False)
         else:
             write_kv_only(blk, dims, cache, layer, h, start, cos, sin)
@@ -303,3 +405,52 @@ def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: T
             stream[layer + 1].copy_(h[:, 0])
     cache.length = start + 1
     return logits_from_hidden(w, h[:, 0])
+
+
+def forward_units(w: ModelWeights, ids: Tensor, start: int, keep_attn: list[bool] | None = None,
+                  keep_mlp: list[bool] | None = None, bypass: list[BypassMap | None] | None = None,
+                  first_layer: int = 0, h_in: Tensor | None = None, record: dict | None = None) -> Tensor:
+    """Teacher-forced pass over one whole sequence ``ids`` [1, T] with units bypassed at the decode
+    positions (>= ``start``) only: the same math as ``start`` prefill then T - start decode steps
+    with those fixed ``keep_attn`` / ``keep_mlp`` flags (a bypassed unit's K/V are still written from
+    its input; both units off takes the BypassMap), in one pass instead of T - start steps.
+
+    ``first_layer`` / ``h_in`` [1, T, D]: start from the stream entering that block (calibration
+    re-runs only the blocks after the one it bypasses). ``record``, when a dict, receives per layer
+    the stream entering it ("h"), the stream between its attention and MLP ("h_mid"), the units'
+    normalised inputs ("x_attn", "x_mlp") and their output
+    norms ("n_attn", "n_mlp"), each [T, ...]. Returns logits [T - start, V] for positions
+    start - 1 .. T - 2, the ones ``Engine.teacher_forced`` returns for the continuation ids[start:].
+    """
+    dims = w.dims
+    T = ids.shape[1]
+    positions = torch.arange(T)[None]
+    cos, sin = w.rope_cos[positions][:, None], w.rope_sin[positions][:, None]
+    h = F.embedding(ids, w.embed) if h_in is None else h_in
+    dec = torch.zeros(1, T, 1, dtype=torch.bool)
+    dec[:, start:] = True
+    for layer in range(first_layer, dims.n_layers):
+        blk = w.blocks[layer]
+        ka = keep_attn is None or keep_attn[layer]
+        km = keep_mlp is None or keep_mlp[layer]
+        x = rms_norm(h, blk.attn_norm, dims.rms_eps)
+        q, k, v = _qkv(blk, dims, h, cos, sin)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        a = F.linear(attn.transpose(1, 2).reshape(1, T, dims.q_dim), blk.wo)
+        h2 = h + (a if ka else torch.where(dec, 0.0, a))
+        xm = rms_norm(h2, blk.mlp_norm, dims.rms_eps)
+        g, u = F.linear(xm, blk.w_gate_up).chunk(2, dim=-1)
+        m = F.linear(F.silu(g) * u, blk.w_down)
+        h3 = h2 + (m if km else torch.where(dec, 0.0, m))
+        if not ka and not km and bypass is not None and bypass[layer] is not None:
+            lin = bypass[layer]
+            h3 = torch.where(dec, h + (h @ lin.down) @ lin.up, h3)
+        if record is not None:
+            for key, val in (("h", h[0]), ("h_mid", h2[0]), ("x_attn", x[0]), ("x_mlp", xm[0]),
+                             ("n_attn", a[0].norm(dim=-1)),
+                             ("n_mlp", m[0].norm(dim=-1))):
+                record.setdefault(key, []).append(val)
+        h = h3
+    if record is not None:
+        record.setdefault("h", []).append(h[0])
+    return logits_from_hidden(w, h[0, start - 1:T - 1])

@@ -349,6 +349,28 @@ def _configure_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="measure again even if cached")
 
 
+def _calibrate_unit_predictor(engine, args: argparse.Namespace) -> None:
+    """The unit router's predictor (reference_engine.unit_predictor): loaded, or trained with a
+    progress bar (one tick per prompt continued and per prompt labelled)."""
+    import time
+
+    from tqdm import tqdm
+
+    from reference_engine.unit_predictor import TRAIN_PROMPTS
+
+    bar = None if args.quiet else tqdm(total=2 * len(TRAIN_PROMPTS), desc="unit predictor", file=sys.stderr)
+    t0 = time.perf_counter()
+    pred = engine.unit_predictor(progress=(lambda m: bar.update(1) if "/" in m else None) if bar else None,
+                                 force=args.force)
+    if bar is not None:
+        bar.close()
+    rep = pred.report
+    print(f"unit predictor: {pred.n_units} units, Spearman (held-out positions) predicted vs KL "
+          f"{rep.get('spearman_predicted_vs_kl_pooled', float('nan')):.3f}, proxy vs KL "
+          f"{rep.get('spearman_proxy_vs_kl_pooled', float('nan')):.3f}; trained in "
+          f"{rep.get('train_seconds', float('nan'))} s; this run {time.perf_counter() - t0:.1f} s")
+
+
 def _run_calibrate(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -365,9 +387,12 @@ def _run_calibrate(args: argparse.Namespace) -> int:
                                   "KL linear (nats)", "bypass"]))
     print(f"entropy_ref {cal.entropy_ref:.3f} nats, density_ref {cal.density_ref:.3f}, "
           f"prompt nll {cal.nll_mean:.3f} +- {cal.nll_std:.3f}; weights {cal.weights_sha256[:16]}")
-    ood = engine.ood_model()
-    if ood is not None:
-        print(f"out-of-distribution threshold {ood.threshold:.3f}; {json.dumps(ood.info)}")
+    ood = engine.ood_detector()
+    if ood is not None:  # refit with scripts/calibrate_ood.py (it needs fixtures/normal_corpus)
+        print(f"out-of-distribution score: threshold {ood.threshold:.3f} (log-odds), fitted on "
+              f"{ood.info.get('n_calibration')} normal prompts, {ood.info.get('heldout_false_alarms')}/"
+              f"{ood.info.get('n_heldout')} held-out false alarms at target {ood.info.get('target_false_alarm_rate')}")
+    _calibrate_unit_predictor(engine, args)
     return 0
 
 

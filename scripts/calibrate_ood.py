@@ -53,33 +53,32 @@ def _collect(engine: Engine, texts: list[str], what: str) -> list[ood.PromptStat
     return out
 
 
-def _cost(engine: Engine, text: str, reps: int = 5) -> dict:
-    """Seconds of the check alone (stats + score) after one real prefill, and of one decode step."""
+def _cost(engine: Engine, text: str, reps: int = 11) -> dict:
+    """Seconds of the check alone (stats + score) after one real prefill, and of one decode
+    step, interleaved (check, step, check, step, ...) so load on the machine hits both alike."""
     from reference_engine.model import KVCache, decode_step, prefill
 
     w, det = engine.weights, engine.ood_detector()
     ids = engine.encode(text)
     lo, hi = ood.content_span(ids, *ood.template_ends(engine.encode))
+    byte_ids = engine._byte_ids()
     S = len(ids)
     hidden: list[torch.Tensor] = []
     cache = KVCache.allocate(w.dims, 1, S + reps + 1)
     valid = torch.ones(1, S + reps + 1, dtype=torch.bool)
     logits = prefill(w, cache, torch.tensor([ids]), torch.arange(S)[None], valid, hidden_out=hidden)
-    check = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        det.reason(ood.prompt_stats(w, hidden, 0, 0, ids, lo, hi, len(text), engine._byte_ids()))
-        check.append(time.perf_counter() - t0)
-    steps = []
     tok = logits.argmax(-1)
+    check, steps = [], []
     for i in range(reps):
         t0 = time.perf_counter()
+        det.reason(ood.prompt_stats(w, hidden, 0, 0, ids, lo, hi, len(text), byte_ids))
+        t1 = time.perf_counter()
         logits = decode_step(w, cache, tok, torch.tensor([S + i]), valid, None, None, None, kernel=engine.decode_kernel)
-        steps.append(time.perf_counter() - t0)
-    check.sort(), steps.sort()
-    return {"prompt_tokens": S, "check_s": round(check[len(check) // 2], 5),
-            "decode_step_s": round(steps[len(steps) // 2], 5),
-            "check_over_step": round(check[len(check) // 2] / steps[len(steps) // 2], 3)}
+        steps.append(time.perf_counter() - t1)
+        check.append(t1 - t0)
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    return {"prompt_tokens": S, "check_s": round(med(check), 5), "decode_step_s": round(med(steps), 5),
+            "check_over_step": round(med(check) / med(steps), 3), "threads": torch.get_num_threads()}
 
 
 def main(argv: list[str] | None = None) -> int:

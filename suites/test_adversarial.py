@@ -32,6 +32,13 @@ Rates, recorded in the run record under ``reference/lossy/s=0.50`` with n and a 
   degrades whenever the text check fires, which the batch property asserts on real runs.
   Text that is not valid Unicode (lone surrogates) counts as detected only if one engine
   run on it degrades or raises ``PromptError``; a crash makes the whole group misses.
+- ``degradation_false_positive_rate_heldout_normal`` / ``_user_prompts`` and
+  ``degradation_detection_rate_tuning_classes`` / ``_heldout_classes``: the whole detector
+  (rules and the model-level score of ``reference_engine/ood.py``) through the engine on inputs
+  the score was never fitted on: the held-out part of ``fixtures/normal_corpus`` (every 4th item
+  with ``--rsp-quick``), its user prompts, and fresh draws of the machine-made text classes
+  (``rsp_bench.adversarial.machine_text``), tuning and held-out classes reported apart. False
+  alarms <= 5% each, tuning detection >= 95%, held-out detection within 5 points of it.
 
 Sizes (examples per property; the hypothesis profile comes from ``RSP_HYPOTHESIS_PROFILE``,
 or ``RSP_BENCH_HYPOTHESIS_PROFILE``, default ``ci``; see ``SIZES``):

@@ -11,6 +11,10 @@
  * products. A whole step is one call here: one OpenMP parallel region, rows of every matrix split
  * across the threads, six barriers per block, no Python and no allocation per op.
  *
+ * Units (ABI 2): attention and MLP of a block are kept or bypassed apart (keep_attn / keep_mlp), and
+ * the unit gate (gate_bypass below) decides them inside this call from each unit's normalised
+ * input, so the per-token router adds no Python per block.
+ *
  * Weights are row-major [N, K] (y = W x), contiguous. The KV cache is [B, KV, T, hd] per layer.
  * Built by decode_native.py with the system C compiler; -march=native picks AVX-512 or AVX2 paths,
  * anything else takes the portable loop.
@@ -34,7 +38,7 @@ typedef struct {
         *const *w_down;
 } rsp_model;
 
-int rsp_abi_version(void) { return 1; }
+int rsp_abi_version(void) { return 2; }
 
 int rsp_simd_width(void) {
 #if defined(__AVX512F__)
@@ -172,14 +176,44 @@ static void rope(const float *x, const float *c, const float *s, int64_t hd, flo
 }
 
 /* Returns 0, or a negative code: -1 bad dims, -2 out of memory, -3 a token or position out of range. */
+/* The unit gate (all NULL when unused): gate_w [2L, D], gate_b [2L], log_tau [B, 2L]; unit 2l is
+ * block l's attention, 2l+1 its MLP. Before a unit runs, every thread computes the same
+ * s_b = gate_w[u] . x_b + gate_b[u] from its own copy of the unit's normalised input x (the same
+ * code on the same data, so all threads and any thread count reach the same decision, with no
+ * barrier), and the unit is bypassed when s_b < log_tau[b, u] for every row b. Thread 0 writes
+ * scores [B, 2L] and decisions [2L] (1 = bypassed) for the caller. */
+static int gate_bypass(const float *gate_w, const float *gate_b, const float *log_tau, int64_t u, int64_t U,
+                       const float *x, int64_t B, int64_t D, int tid, float *scores, uint8_t *decisions) {
+    int all = 1;
+    for (int64_t b = 0; b < B; b++) {
+        float s;
+        dot_rows(gate_w + u * D, D, 1, x + b * D, &s);
+        s += gate_b[u];
+        if (tid == 0 && scores) scores[b * U + u] = s;
+        if (!(s < log_tau[b * U + u])) all = 0;
+    }
+    if (tid == 0 && decisions) decisions[u] = (uint8_t)all;
+    return all;
+}
+
+static void fixed_off(int64_t u, int64_t U, int64_t B, int tid, float *scores, uint8_t *decisions) {
+    if (tid != 0) return;
+    if (scores)
+        for (int64_t b = 0; b < B; b++) scores[b * U + u] = -INFINITY;
+    if (decisions) decisions[u] = 1;
+}
+
 int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int64_t T, int64_t B,
                     int64_t start, const int64_t *tok, const int64_t *pos, const uint8_t *valid,
-                    int64_t valid_stride, const uint8_t *keep, const float *const *byp_down,
-                    const float *const *byp_up, const int64_t *byp_rank, float *stream, float *logits,
-                    int nthreads) {
+                    int64_t valid_stride, const uint8_t *keep_attn, const uint8_t *keep_mlp,
+                    const float *const *byp_down, const float *const *byp_up, const int64_t *byp_rank,
+                    const float *gate_w, const float *gate_b, const float *log_tau, float *gate_scores,
+                    uint8_t *gate_decisions, float *stream, float *logits, int nthreads) {
     const int64_t L = m->n_layers, D = m->D, F = m->F, H = m->H, KV = m->KV, hd = m->hd, V = m->V;
     const int64_t qd = H * hd, kvd = KV * hd, QW = qd + 2 * kvd, G = H / KV, end = start + 1;
     const float eps = m->eps, scale = (float)(1.0 / sqrt((double)hd));
+    const int64_t U = 2 * L;
+    const int gated = gate_w != NULL && gate_b != NULL && log_tau != NULL;
     if (hd > 512 || G * KV != H || start < 0 || end > T || B < 1) return -1;
     for (int64_t b = 0; b < B; b++)
         if (tok[b] < 0 || tok[b] >= V || pos[b] < 0 || pos[b] >= m->max_positions) return -3;
@@ -216,9 +250,14 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
         }
         int64_t a, e;
         for (int64_t l = 0; l < L; l++) {
-            const int run = keep == NULL || keep[l];
+            int run = keep_attn == NULL || keep_attn[l];
             float *K = kc[l], *Vc = vc[l];
             if (rc == 0) rms(h, m->attn_norm[l], B, D, eps, xn);
+            if (gated) {
+                if (!run) fixed_off(2 * l, U, B, tid, gate_scores, gate_decisions);
+                else if (rc == 0 && gate_bypass(gate_w, gate_b, log_tau, 2 * l, U, xn, B, D, tid, gate_scores,
+                                                gate_decisions)) run = 0;
+            }
             if (run) {
                 share(QW, tid, nt, &a, &e);
                 if (rc == 0) gemv_rows(m->wqkv[l], D, a, e, xn, D, B, qkv, QW, 0);
@@ -244,32 +283,8 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
                     }
                 }
             }
-            if (!run) {
-                if (tid == 0 && rc == 0) {
-                    const float *dn = byp_down ? byp_down[l] : NULL, *up = byp_up ? byp_up[l] : NULL;
-                    if (dn && up) {
-                        const int64_t r = byp_rank[l];
-                        for (int64_t b = 0; b < B; b++) {
-                            float *lo = low + b * r, *hb = h + b * D;
-                            for (int64_t j = 0; j < r; j++) lo[j] = 0.0f;
-                            for (int64_t d = 0; d < D; d++) {
-                                const float hv = hb[d], *drow = dn + d * r;
-                                for (int64_t j = 0; j < r; j++) lo[j] += hv * drow[j];
-                            }
-                            for (int64_t d = 0; d < D; d++) xn[d] = 0.0f;
-                            for (int64_t j = 0; j < r; j++) {
-                                const float lv = lo[j], *urow = up + j * D;
-                                for (int64_t d = 0; d < D; d++) xn[d] += lv * urow[d];
-                            }
-                            for (int64_t d = 0; d < D; d++) hb[d] += xn[d];
-                        }
-                    }
-                    if (stream) memcpy(stream + (l + 1) * B * D, h, sizeof(float) * (size_t)(B * D));
-                }
 #pragma omp barrier
-                continue;
-            }
-#pragma omp barrier
+            if (run) {
             /* attention, one (row, query head) per task: softmax over the valid positions */
             for (int64_t i = tid; i < B * H && rc == 0; i += nt) {
                 int64_t b = i / H, hh = i % H, j = hh / G;
@@ -304,8 +319,42 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             share(D, tid, nt, &a, &e);
             if (rc == 0) gemv_rows(m->wo[l], qd, a, e, attn, qd, B, h, D, 1);
 #pragma omp barrier
+            }
+            int run_m = keep_mlp == NULL || keep_mlp[l];
+            if (rc == 0) rms(h, m->mlp_norm[l], B, D, eps, xn);
+            if (gated) {
+                if (!run_m) fixed_off(2 * l + 1, U, B, tid, gate_scores, gate_decisions);
+                else if (rc == 0 && gate_bypass(gate_w, gate_b, log_tau, 2 * l + 1, U, xn, B, D, tid, gate_scores,
+                                                gate_decisions)) run_m = 0;
+            }
+            if (!run_m) {
+#pragma omp barrier
+                /* every thread has read h for its decision: thread 0 may now write it */
+                if (tid == 0 && rc == 0) {
+                    const float *dn = byp_down && !run ? byp_down[l] : NULL, *up = byp_up && !run ? byp_up[l] : NULL;
+                    if (dn && up) {
+                        const int64_t r = byp_rank[l];
+                        for (int64_t b = 0; b < B; b++) {
+                            float *lo = low + b * r, *hb = h + b * D;
+                            for (int64_t j = 0; j < r; j++) lo[j] = 0.0f;
+                            for (int64_t d = 0; d < D; d++) {
+                                const float hv = hb[d], *drow = dn + d * r;
+                                for (int64_t j = 0; j < r; j++) lo[j] += hv * drow[j];
+                            }
+                            for (int64_t d = 0; d < D; d++) xn[d] = 0.0f;
+                            for (int64_t j = 0; j < r; j++) {
+                                const float lv = lo[j], *urow = up + j * D;
+                                for (int64_t d = 0; d < D; d++) xn[d] += lv * urow[d];
+                            }
+                            for (int64_t d = 0; d < D; d++) hb[d] += xn[d];
+                        }
+                    }
+                    if (stream) memcpy(stream + (l + 1) * B * D, h, sizeof(float) * (size_t)(B * D));
+                }
+#pragma omp barrier
+                continue;
+            }
             if (rc == 0) {
-                rms(h, m->mlp_norm[l], B, D, eps, xn);
                 share(F, tid, nt, &a, &e);
                 gemv_rows(m->w_gate_up[l], D, a, e, xn, D, B, gu, 2 * F, 0);
                 gemv_rows(m->w_gate_up[l], D, F + a, F + e, xn, D, B, gu, 2 * F, 0);

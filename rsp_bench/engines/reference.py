@@ -34,6 +34,48 @@ def matched_k(bypass_ratio: float, n_layers: int) -> int:
     return int(math.floor(bypass_ratio * n_layers + 0.5))
 
 
+def unit_budget_bracket(bytes_per_token: float, unit_bytes: Sequence[int], order: Sequence[int]) -> tuple[int, int, float]:
+    """Equal-bytes matching for per-unit static removal, without rounding.
+
+    ``order``: the units a static baseline removes, first to last (e.g. lowest Block Influence
+    first); ``unit_bytes[u]``: weight bytes per token that removing unit u saves. Returns (k, k + 1,
+    t): the router's ``bytes_per_token`` lies between the budgets of the first k and the first k+1
+    units, at fraction t in [0, 1]; compare the router with (1 - t) * f(k) + t * f(k + 1), the
+    static curve interpolated at its budget (``matched_k``'s rounding hands it up to half a block).
+    """
+    if not (isinstance(bytes_per_token, (int, float)) and math.isfinite(bytes_per_token) and bytes_per_token >= 0):
+        raise HarnessInputError(f"bytes_per_token must be a finite number >= 0, got {bytes_per_token!r}")
+    if len(order) < 1:
+        raise HarnessInputError("order must name at least one unit")
+    for u in order:
+        if isinstance(u, bool) or not isinstance(u, int) or not 0 <= u < len(unit_bytes):
+            raise HarnessInputError(f"order holds {u!r}, not a unit index in [0, {len(unit_bytes)})")
+    cum = [0.0]
+    for u in order:
+        if unit_bytes[u] <= 0:
+            raise HarnessInputError(f"unit_bytes[{u}] must be > 0, got {unit_bytes[u]!r}")
+        cum.append(cum[-1] + float(unit_bytes[u]))
+    if bytes_per_token > cum[-1]:
+        raise HarnessInputError(f"bytes_per_token={bytes_per_token!r} exceeds what removing every unit in order "
+                                f"saves ({cum[-1]:.0f})")
+    k = max(i for i in range(len(order)) if cum[i] <= bytes_per_token)
+    return k, k + 1, (bytes_per_token - cum[k]) / (cum[k + 1] - cum[k])
+
+
+def shortgpt_units(unit_influence: Sequence[float], blacklist: frozenset[int] | set[int]) -> list[int]:
+    """Per-unit static removal order: units (2l attention, 2l+1 MLP of block l) by ascending Block
+    Influence of their sublayer, blacklisted blocks' units excluded, ties to the lower index."""
+    units = [u for u in range(len(unit_influence)) if u // 2 not in blacklist]
+    return sorted(units, key=lambda u: (float(unit_influence[u]), u))
+
+
+def random_units(n_units: int, blacklist: frozenset[int] | set[int], seed: int = 0) -> list[int]:
+    """A seeded random per-unit removal order, blacklisted blocks' units excluded."""
+    units = [u for u in range(n_units) if u // 2 not in blacklist]
+    random.Random(seed).shuffle(units)
+    return units
+
+
 def _eligible(n_layers: int, k: int, blacklist: frozenset[int] | set[int]) -> list[int]:
     eligible = [i for i in range(n_layers) if i not in blacklist]
     if isinstance(k, bool) or not isinstance(k, int) or k < 0 or k > len(eligible):

@@ -1,0 +1,339 @@
+"""The per-unit cost predictor of the unit router, and the per-unit numbers static removal needs.
+
+A *unit* is one block's attention (row 2l) or its MLP (row 2l+1). For unit u and the current
+decode token, the router's score is
+
+    score_u = exp(w_u . x_u + b_u)   (nats)
+
+where x_u is the unit's own normalised input (rms(h) * attn_norm, or rms(h) * mlp_norm: the step
+computes it anyway, so the decision costs one D-long dot product per unit, inside the step) and
+w_u, b_u are a ridge regression, fitted offline, of log(KL_u + KL_FLOOR): the measured KL(full ||
+unit-u-bypassed) in nats at that token's output when unit u alone is bypassed on the decode
+tokens (teacher-forced over the model's own greedy continuations). So a score keeps the unit of
+the block router's: predicted nats of output KL if the unit is bypassed now, compared with the
+same threshold. A cheaper proxy label, log(||unit output|| / ||h||), is measured too and its rank
+correlation with the KL label is reported beside the predictor's (``report``).
+
+Training text is this module's own prompts (``TRAIN_PROMPTS``, none of them in fixtures/), split
+by a fixed seed into a fitting and a held-out part; the ridge strength is chosen on the held-out
+part. The result ships as package data (``data/unit_predictor/<sha16>-v<N>.npz``) keyed by the
+weights' sha256; ``rsp-bench calibrate`` rebuilds it.
+
+Also measured here, on the same text: per-unit Block Influence (ShortGPT's 1 - cos(in, out) of
+the attention and of the MLP sublayer), the ranking static per-unit removal uses, and the weight
+bytes a bypass of each unit does not read (``unit_bytes``).
+
+Must not import the harness (``rsp_bench``) or the router (the router imports this).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .model import KVCache, ModelWeights, decode_step, forward_units, prefill
+
+PREDICTOR_VERSION = 1
+SEED = 16
+KL_FLOOR = 1e-4  # nats: per-token KLs below this are noise in fp32; the log target floors there
+CONTINUATION_TOKENS = 40
+RIDGE_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0)  # times trace(X'X) / D
+
+# Prompts written for this predictor (prose, QA, code, JSON, arithmetic, lists, dialogue); none is
+# in fixtures/ (tests/test_router_predictor.py checks). The curve's held-out prompts are elsewhere.
+TRAIN_PROMPTS = (
+    "Describe how a bicycle gear system works to a ten-year-old.",
+    "Why do onions make people cry? Answer briefly.",
+    "Write a haiku about autumn rain on a tin roof.",
+    "List five common mistakes new gardeners make.",
+    "What is the capital of Australia, and why is it not Sydney?",
+    "Write a Python function that reverses the words in a sentence.",
+    "Convert this to JSON with keys name, age, city: Maria is 34 and lives in Porto.",
+    "What is 144 divided by 12? Explain each step.",
+    "Explain the difference between weather and climate in two sentences.",
+    "Write a polite email declining a meeting invitation for Friday.",
+    "Give a recipe for a simple tomato soup.",
+    "In SQL, how do I count the rows of a table named orders grouped by customer_id?",
+    "Summarize: The museum reopened after a two-year renovation that added 3,000 square metres "
+    "of gallery space and a rooftop garden, funded partly by a public campaign.",
+    "Tell me a fun fact about octopuses.",
+    "What does the acronym HTTP stand for and what is it used for?",
+    "Write a short dialogue between a baker and a customer who wants a birthday cake.",
+    "Explain what a prime number is and give four examples.",
+    "Write a JavaScript snippet that sums an array of numbers.",
+    "Extract the date and the amount from: Invoice 4471, issued 12 March 2024, total due 318.50 EUR.",
+    "What are the three states of matter? Give an example of each.",
+    "Translate to Spanish: Where is the nearest train station?",
+    "Write a limerick about a forgetful robot.",
+    "How many minutes are there in a week? Show the calculation.",
+    "Explain recursion using an everyday analogy.",
+    "Give three arguments for and three against working from home.",
+    "Produce a JSON list of three fruits with their colours.",
+    "Write the opening paragraph of a mystery novel set in a snowed-in hotel.",
+    "What is photosynthesis? Keep it under fifty words.",
+    "Write a bash command that finds all .log files larger than 10 MB.",
+    "Compare cats and dogs as pets in a short table.",
+    "If a train leaves at 14:20 and the trip takes 2 hours 55 minutes, when does it arrive?",
+    "Explain why the moon shows phases.",
+    "Rewrite this sentence in the passive voice: The committee approved the new budget.",
+    "Name four planets of the solar system and one fact about each.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a thank-you note to a neighbour who watered my plants.",
+    "Describe the water cycle step by step.",
+    "Answer yes or no, then explain: is a tomato a fruit?",
+    "Write a C function that returns the maximum of three integers.",
+    "Give me a packing list for a weekend hiking trip.",
+    "What causes tides on Earth?",
+    "Parse this into fields: 'Order #982 - 3 x blue mug - shipped 2023-11-02 - Leeds'.",
+    "Explain compound interest with an example of 1,000 dollars at 5 percent.",
+    "Write two sentences about the history of the printing press.",
+    "Suggest three names for a coffee shop run by astronomers.",
+    "How do vaccines train the immune system? Answer simply.",
+    "Write a regular expression that matches a five-digit postal code.",
+    "Tell a very short story about a fox who learns to swim.",
+)
+
+
+def unit_bytes(w: ModelWeights) -> tuple[np.ndarray, int]:
+    """Weight bytes per decode token that bypassing each unit does not read ([2L]), and the bytes
+    of one whole block (the "block's worth" budgets are counted in). Attention saves its q and o
+    projections (its k/v still run, for the cache); the MLP saves gate, up and down."""
+    d = w.dims
+    b = w.blocks[0]
+    el = b.wqkv.element_size()
+    attn = (d.q_dim * d.hidden + d.hidden * d.q_dim) * el
+    mlp = (b.w_gate_up.numel() + b.w_down.numel()) * el
+    return np.array([attn, mlp] * d.n_layers, dtype=np.int64), w.bytes_per_block()
+
+
+@dataclass
+class UnitPredictor:
+    """The fitted predictor and per-unit calibration; unit rows 2l (attention), 2l+1 (MLP)."""
+
+    weights_sha256: str
+    weight: np.ndarray  # [2L, D] float32
+    bias: np.ndarray  # [2L] float32: log nats
+    impact: np.ndarray  # [2L] nats: mean KL with the unit alone bypassed (fitting part)
+    block_influence: np.ndarray  # [2L] ShortGPT 1 - cos(in, out) per sublayer, all training positions
+    report: dict = field(default_factory=dict)  # Spearman figures, sizes, times, seed
+    version: int = PREDICTOR_VERSION
+
+    @property
+    def n_units(self) -> int:
+        return int(self.weight.shape[0])
+
+    def log_scores(self, x: np.ndarray, unit: int) -> np.ndarray:
+        """x [N, D] inputs of ``unit`` -> predicted log nats [N] (what the step computes)."""
+        return x @ self.weight[unit] + self.bias[unit]
+
+
+def predictor_path(folder: Path, weights_sha256: str) -> Path:
+    return folder / "unit_predictor" / f"{weights_sha256[:16]}-v{PREDICTOR_VERSION}.npz"
+
+
+def save(p: UnitPredictor, folder: Path) -> Path:
+    """Write atomically (temporary file, then rename)."""
+    path = predictor_path(folder, p.weights_sha256)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    meta = json.dumps({"version": p.version, "weights_sha256": p.weights_sha256, "report": p.report})
+    np.savez(buf, weight=p.weight.astype(np.float32), bias=p.bias.astype(np.float32), impact=p.impact,
+             block_influence=p.block_influence, meta=np.frombuffer(meta.encode(), dtype=np.uint8))
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getvalue())
+        os.chmod(tmp, 0o644)  # package data must be readable by whoever installs it
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load(folder: Path, weights_sha256: str) -> UnitPredictor | None:
+    """The stored predictor for these weights, or None (missing, damaged or another version)."""
+    path = predictor_path(folder, weights_sha256)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            p = UnitPredictor(meta["weights_sha256"], z["weight"].astype(np.float32), z["bias"].astype(np.float32),
+                              z["impact"], z["block_influence"], meta.get("report", {}), meta["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # damaged: retrained, never trusted
+    if p.version != PREDICTOR_VERSION or p.weights_sha256 != weights_sha256:
+        return None
+    return p
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    def ranks(v: np.ndarray) -> np.ndarray:
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v))
+        sv = v[order]
+        i = 0
+        while i < len(v):  # average the ranks of tied values
+            j = i
+            while j + 1 < len(v) and sv[j + 1] == sv[i]:
+                j += 1
+            if j > i:
+                r[order[i:j + 1]] = (i + j) / 2
+            i = j + 1
+        return r
+    ra, rb = ranks(np.asarray(a, float)), ranks(np.asarray(b, float))
+    if ra.std() == 0 or rb.std() == 0:
+        return 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def greedy_continuation(w: ModelWeights, ids: list[int], n: int, eos_id: int | None, kernel: str = "torch") -> list[int]:
+    """The unpruned model's greedy continuation of ``ids`` (at most n tokens, stops at EOS)."""
+    S = len(ids)
+    cache = KVCache.allocate(w.dims, 1, S + n)
+    valid = torch.ones(1, S + n, dtype=torch.bool)
+    logits = prefill(w, cache, torch.tensor([ids]), torch.arange(S)[None], valid)
+    out: list[int] = []
+    for i in range(n):
+        nxt = int(logits.argmax(-1))
+        out.append(nxt)
+        if nxt == eos_id or i == n - 1:
+            break
+        logits = decode_step(w, cache, torch.tensor([nxt]), torch.tensor([S + i]), valid, None, None, None, kernel=kernel)
+    return out
+
+
+def _kl_rows(ref_logp: torch.Tensor, logits: torch.Tensor) -> np.ndarray:
+    logp = torch.log_softmax(logits.double(), -1)
+    return (ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp(min=0).numpy()
+
+
+@dataclass
+class UnitSamples:
+    """Per decode position of the training text: unit inputs, labels, and which prompt it came from."""
+
+    x: list[np.ndarray]  # 2L arrays [N, D]
+    kl: np.ndarray  # [2L, N] nats
+    proxy: np.ndarray  # [2L, N] log(||unit out|| / ||h||)
+    prompt: np.ndarray  # [N] prompt index
+    block_influence: np.ndarray  # [2L]
+
+
+def collect(w: ModelWeights, sequences: list[tuple[list[int], int]],
+            progress: Callable[[str], None] | None = None) -> UnitSamples:
+    """Measure features and labels on (ids, prompt length) sequences, teacher-forced."""
+    say = progress or (lambda _m: None)
+    L = w.dims.n_layers
+    xs: list[list[np.ndarray]] = [[] for _ in range(2 * L)]
+    kl = [[] for _ in range(2 * L)]
+    proxy = [[] for _ in range(2 * L)]
+    prompt_of = []
+    bi_sum, bi_n = np.zeros(2 * L), 0
+    with torch.no_grad():
+        for p, (ids, S) in enumerate(sequences):
+            seq = torch.tensor([ids])
+            rec: dict = {}
+            ref = forward_units(w, seq, S, record=rec)
+            ref_logp = torch.log_softmax(ref.double(), -1)
+            # logits row j is position S-1+j: row 0 is prefill's, rows 1.. are the decode positions
+            # S..T-2 (the last token's output predicts nothing that is scored).
+            n_dec = len(ids) - 1 - S
+            if n_dec < 1:
+                continue
+            pos = slice(S, S + n_dec)
+            for layer in range(L):
+                h, h_mid, h_out = rec["h"][layer], rec["h_mid"][layer], rec["h"][layer + 1]
+                for k, (xkey, nkey, a, b_) in enumerate((("x_attn", "n_attn", h, h_mid), ("x_mlp", "n_mlp", h_mid, h_out))):
+                    u = 2 * layer + k
+                    xs[u].append(rec[xkey][layer][pos].numpy().astype(np.float32))
+                    rel = rec[nkey][layer] / a.norm(dim=-1).clamp(min=1e-9)
+                    proxy[u].append(np.log(np.maximum(rel[pos].numpy(), 1e-9)))
+                    bi_sum[u] += float((1 - torch.nn.functional.cosine_similarity(a, b_, dim=-1)).sum())
+            bi_n += len(ids)
+            for layer in range(L):
+                for k in range(2):
+                    ka = [True] * L
+                    km = [True] * L
+                    (ka if k == 0 else km)[layer] = False
+                    logits = forward_units(w, seq, S, ka, km, first_layer=layer, h_in=rec["h"][layer][None])
+                    kl[2 * layer + k].append(_kl_rows(ref_logp[1:], logits[1:]))
+            prompt_of.append(np.full(n_dec, p))
+            say(f"unit predictor: labels {p + 1}/{len(sequences)}")
+    return UnitSamples([np.concatenate(x) for x in xs], np.stack([np.concatenate(k) for k in kl]),
+                       np.stack([np.concatenate(q) for q in proxy]), np.concatenate(prompt_of), bi_sum / max(bi_n, 1))
+
+
+def fit_ridge(x: np.ndarray, y: np.ndarray, lam_rel: float) -> tuple[np.ndarray, float]:
+    """Ridge regression y ~ x . w + b (centred; lam = lam_rel * trace(X'X) / D), in float64."""
+    xm, ym = x.mean(0), y.mean()
+    xc = (x - xm).astype(np.float64)
+    gram = xc.T @ xc
+    lam = lam_rel * np.trace(gram) / x.shape[1] + 1e-12
+    wv = np.linalg.solve(gram + lam * np.eye(x.shape[1]), xc.T @ (y - ym))
+    return wv.astype(np.float32), float(ym - xm @ wv)
+
+
+def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | None, weights_sha256: str,
+          progress: Callable[[str], None] | None = None, prompts: tuple[str, ...] = TRAIN_PROMPTS,
+          continuation_tokens: int = CONTINUATION_TOKENS, kernel: str = "torch") -> UnitPredictor:
+    """Fit the predictor on ``prompts`` (fixed seed split: 3/4 fitting, 1/4 held out)."""
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    L = w.dims.n_layers
+    sequences = []
+    for i, prompt in enumerate(prompts):
+        ids = encode(prompt)
+        sequences.append((ids + greedy_continuation(w, ids, continuation_tokens, eos_id, kernel), len(ids)))
+        say(f"unit predictor: continuations {i + 1}/{len(prompts)}")
+    samples = collect(w, sequences, progress)
+    rng = np.random.default_rng(SEED)
+    order = rng.permutation(len(prompts))
+    held = set(order[: max(1, len(prompts) // 4)].tolist())
+    is_held = np.array([p in held for p in samples.prompt])
+    fit_rows, held_rows = ~is_held, is_held
+    target = np.log(samples.kl + KL_FLOOR)
+    weight = np.zeros((2 * L, w.dims.hidden), np.float32)
+    bias = np.zeros(2 * L, np.float32)
+    pred_held = np.zeros((2 * L, int(held_rows.sum())))
+    chosen = []
+    for u in range(2 * L):
+        best = None
+        for lam in RIDGE_GRID:  # ridge strength chosen on the held-out part, per unit
+            wv, b = fit_ridge(samples.x[u][fit_rows], target[u][fit_rows], lam)
+            err = float(np.mean((samples.x[u][held_rows] @ wv + b - target[u][held_rows]) ** 2))
+            if best is None or err < best[0]:
+                best = (err, lam, wv, b)
+        _, lam, wv, b = best
+        chosen.append(lam)
+        weight[u], bias[u] = wv, b
+        pred_held[u] = samples.x[u][held_rows] @ wv + b
+    kl_h, proxy_h = samples.kl[:, held_rows], samples.proxy[:, held_rows]
+    impact = samples.kl[:, fit_rows].mean(1)
+    # the proxy as a score: the block router's form, impact * rel / mean rel, per unit
+    proxy_score = impact[:, None] * np.exp(proxy_h - samples.proxy[:, fit_rows].mean(1)[:, None])
+    report = {
+        "seed": SEED, "prompts": len(prompts), "held_out_prompts": len(held),
+        "positions_fit": int(fit_rows.sum()), "positions_held_out": int(held_rows.sum()),
+        "continuation_tokens": continuation_tokens, "kl_floor": KL_FLOOR,
+        "spearman_predicted_vs_kl_pooled": spearman(pred_held.ravel(), kl_h.ravel()),
+        "spearman_proxy_vs_kl_pooled": spearman(proxy_score.ravel(), kl_h.ravel()),
+        "spearman_impact_only_vs_kl_pooled": spearman(np.repeat(impact[:, None], kl_h.shape[1], 1).ravel(), kl_h.ravel()),
+        "spearman_predicted_vs_kl_within_unit_mean": float(np.mean([spearman(pred_held[u], kl_h[u]) for u in range(2 * L)])),
+        "spearman_proxy_vs_kl_within_unit_mean": float(np.mean([spearman(proxy_h[u], kl_h[u]) for u in range(2 * L)])),
+        "ridge_lambda_rel": chosen,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+    }
+    say(f"unit predictor: done in {report['train_seconds']} s")
+    return UnitPredictor(weights_sha256, weight, bias, impact, samples.block_influence, report)

@@ -1,0 +1,324 @@
+"""The unit router's quality/speed curve against static and random removal at equal weight bytes.
+
+    .venv/bin/python scripts/measure_router_curve.py [--out results/router_curve.json] [--tokens 32]
+
+1. Sensitivities are chosen on TUNE_PROMPTS (never on the held-out ones): a grid of
+   sensitivities is run there and, for each target of 1..6 blocks' worth of weight bytes not
+   read per decode token, the sensitivity landing there is interpolated from the measured
+   (monotone) bytes curve.
+2. On HELD_OUT_PROMPTS (written for this script; neither the predictor's training text nor
+   fixtures/), for each chosen sensitivity: teacher-forced top-1 agreement and mean KL(unpruned
+   || pruned) on the decode positions of the unpruned greedy continuation, for
+   - the router (``Engine.teacher_forced``, mode lossy, router "unit", the engine's kernel,
+     watermark pinned to 0 so the figures do not depend on the machine's load);
+   - static per-unit removal: units ranked by Block Influence (ShortGPT's 1 - cos(in, out) of
+     the attention and of the MLP sublayer, measured on the predictor's training text), removed
+     lowest first; where the router's measured bytes fall between two whole-unit budgets, the
+     figures are linearly interpolated between them at the router's bytes;
+   - random per-unit removal at the same bytes, same interpolation, mean over SEEDS.
+   Static and random run as one teacher-forced pass per prompt (``model.forward_units``, the
+   same math as prefill plus decode steps with fixed flags; tests/test_router_units.py checks).
+   The first and last blocks are excluded for all three (the router's default blacklist).
+3. Speed: greedy decode, pruning off vs the router, interleaved A B A B in this process, on the
+   engine's kernel; the ideal speed-up from the bytes not read; the router time per token.
+Writes the JSON atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from reference_engine import Engine  # noqa: E402
+from reference_engine.model import forward_units  # noqa: E402
+from rsp_bench import metrics  # noqa: E402
+from rsp_bench.engines.reference import random_units, shortgpt_units, unit_budget_bracket  # noqa: E402
+
+TARGETS = (1, 2, 3, 4, 5, 6)  # blocks' worth of weight bytes not read per decode token
+GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0)
+SEEDS = (0, 1, 2, 3, 4)
+
+TUNE_PROMPTS = (
+    "Explain how a refrigerator keeps food cold.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Give JSON with fields title and year for the film Casablanca.",
+    "What is 45 plus 78? Show the steps.",
+    "Write four lines of a poem about the sea.",
+    "List three benefits of drinking water.",
+    "Summarize: A local school planted 200 trees this spring as part of a city-wide plan.",
+    "How does a compass find north?",
+)
+
+HELD_OUT_PROMPTS = (
+    "Why do leaves change colour in the fall?",
+    "Write a Python class for a bank account with deposit and withdraw methods.",
+    "Return JSON with keys city and population for Lisbon, about 545,000 people.",
+    "What is 23 times 19? Explain how you got it.",
+    "Describe a sunrise over the mountains in three sentences.",
+    "Give five tips for learning a new language.",
+    "What is the boiling point of water at sea level, in Celsius and Fahrenheit?",
+    "Write a SQL query that lists the ten most expensive products.",
+    "Explain what an API is to a non-programmer.",
+    "Summarize: The bakery on Elm Street will close for two weeks in August for repairs, "
+    "and will reopen with a new menu on 1 September.",
+    "Extract the name and the phone number: Call Priya Shah at 555-0142 after 6 pm.",
+    "Tell a short story about a robot who paints.",
+    "What are the main differences between a virus and a bacterium?",
+    "Write a shell one-liner that counts the lines in every .py file.",
+    "Plan a three-day trip to Rome in a short list.",
+    "How long does light from the Sun take to reach Earth?",
+    "Convert 5 kilometres to miles and explain the conversion.",
+    "Write a short apology message for a late delivery.",
+)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared results file from others
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class Case:
+    """One prompt: its ids, the unpruned greedy continuation and both paths' unpruned logits."""
+
+    def __init__(self, engine: Engine, prompt: str, n: int):
+        self.ids = engine.encode(prompt)
+        [ref] = engine.generate([prompt], max_new_tokens=n, mode="off", log_level="NONE")
+        self.cont = ref.token_ids
+        self.ref_engine = engine.teacher_forced(self.ids, self.cont, mode="off", log_level="NONE").logits
+        self.seq = torch.tensor([self.ids + self.cont])
+        self.ref_pass = forward_units(engine.weights, self.seq, len(self.ids))
+
+
+def _quality(ref: torch.Tensor, cand: torch.Tensor) -> tuple[float, float, int]:
+    """(agreeing positions, summed KL, positions) over the decode rows (row 0 is prefill's)."""
+    r, c = ref[1:], cand[1:]
+    if r.shape[0] == 0:
+        return 0.0, 0.0, 0
+    return float(metrics.top1_matches(r, c).sum()), float(metrics.kl_per_token(r, c).sum()), r.shape[0]
+
+
+def router_point(engine: Engine, cases: list[Case], s: float) -> dict:
+    agree = kl = n = 0.0
+    saved = steps = degraded = 0
+    rt = 0.0
+    for c in cases:
+        res = engine.teacher_forced(c.ids, c.cont, mode="lossy", router="unit", sensitivity=s,
+                                    hardware_watermark=0.0, log_level="NONE")
+        if res.stats["degraded"]:  # protective degradation ran it unpruned: counted, not hidden
+            degraded += 1
+            print(f"  note: degraded ({res.stats['degraded_reason']}) at s={s}", flush=True)
+        a, k, m = _quality(c.ref_engine, res.logits)
+        agree, kl, n = agree + a, kl + k, n + m
+        saved += res.stats["bypassed_weight_bytes"]
+        steps += res.stats["total_tokens"] - 1
+        rt += res.stats["router_time_s"]
+    _, bb = engine.unit_bytes()
+    return {"sensitivity": s, "top1": agree / n, "kl": kl / n, "blocks_worth": saved / steps / bb,
+            "router_ms_per_token": 1e3 * rt / steps, "positions": int(n), "degraded_prompts": degraded}
+
+
+class Removal:
+    """Static (ranked) or random removal, evaluated at whole-group budgets and cached.
+
+    ``groups``: what is removed, first to last; a group is one unit ([u]) or a whole block
+    ([2l, 2l + 1]). Figures at a byte budget interpolate between the two whole-group budgets
+    around it (``rsp_bench.engines.reference.unit_budget_bracket``)."""
+
+    def __init__(self, engine: Engine, cases: list[Case], groups: list[list[int]]):
+        self.engine, self.cases, self.groups = engine, cases, groups
+        ub, self.block_bytes = engine.unit_bytes()
+        self.group_bytes = [int(sum(ub[u] for u in g)) for g in groups]
+        self.cache: dict[int, tuple[float, float]] = {}
+
+    def at_k(self, k: int) -> tuple[float, float]:
+        if k not in self.cache:
+            L = self.engine.dims.n_layers
+            ka, km = [True] * L, [True] * L
+            for g in self.groups[:k]:
+                for u in g:
+                    (ka if u % 2 == 0 else km)[u // 2] = False
+            agree = kl = n = 0.0
+            for c in self.cases:
+                cand = forward_units(self.engine.weights, c.seq, len(c.ids), ka, km, self.engine._bypass)
+                a, k_, m = _quality(c.ref_pass, cand)
+                agree, kl, n = agree + a, kl + k_, n + m
+            self.cache[k] = (agree / n, kl / n)
+        return self.cache[k]
+
+    def at_bytes(self, blocks_worth: float) -> dict:
+        """Linear interpolation between the two whole-group budgets around ``blocks_worth``."""
+        k, k1, t = unit_budget_bracket(blocks_worth * self.block_bytes, self.group_bytes,
+                                       list(range(len(self.groups))))
+        (a0, kl0), (a1, kl1) = self.at_k(k), self.at_k(k1)
+        lo = sum(self.group_bytes[:k]) / self.block_bytes
+        return {"top1": (1 - t) * a0 + t * a1, "kl": (1 - t) * kl0 + t * kl1, "groups": [k, k1], "t": t,
+                "blocks_worth_bracket": [lo, lo + self.group_bytes[k] / self.block_bytes]}
+
+
+def static_orders(engine: Engine, pred, blacklist: set[int]) -> dict[str, list[list[int]]]:
+    """The static baselines, all measured on calibration/training text, none on the held-out prompts:
+    - unit_bi: units by ascending Block Influence of their sublayer (ShortGPT, decoupled);
+    - block_bi: whole blocks by ascending Block Influence (ShortGPT as published; the suite's today);
+    - unit_bi_per_byte: units by Block Influence / (bytes saved / block bytes) (decoupled, and
+      aware that an MLP saves four times an attention's bytes);
+    - unit_impact_per_byte: units by measured mean KL when bypassed alone / bytes share (the
+      strongest static ranking this project can build from its own calibration)."""
+    ub, bb = engine.unit_bytes()
+    share = ub / bb
+    L = engine.dims.n_layers
+    cal = engine.calibration()
+    blocks = sorted((i for i in range(L) if i not in blacklist), key=lambda i: (cal.block_influence[i], i))
+    units = [u for u in range(2 * L) if u // 2 not in blacklist]
+    return {
+        "unit_bi": [[u] for u in shortgpt_units(pred.block_influence, blacklist)],
+        "block_bi": [[2 * i, 2 * i + 1] for i in blocks],
+        "unit_bi_per_byte": [[u] for u in sorted(units, key=lambda u: (pred.block_influence[u] / share[u], u))],
+        "unit_impact_per_byte": [[u] for u in sorted(units, key=lambda u: (pred.impact[u] / share[u], u))],
+    }
+
+
+def choose_sensitivities(points: list[dict]) -> dict[int, float]:
+    s = np.array([p["sensitivity"] for p in points])
+    b = np.maximum.accumulate(np.array([p["blocks_worth"] for p in points]))
+    out = {}
+    for t in TARGETS:
+        if b[-1] < t:
+            continue
+        out[t] = float(np.interp(t, b, s))
+    return out
+
+
+def speed(engine: Engine, prompts: list[str], sens: list[float], n: int, rounds: int) -> list[dict]:
+    """Interleaved A B A B: off, then the router at each sensitivity, per prompt and round."""
+    w = engine.weights
+    step_bytes = sum(w.bytes_per_block() for _ in w.blocks) + w.lm_head.numel() * w.lm_head.element_size()
+    _, bb = engine.unit_bytes()
+    out = []
+    for s in sens:
+        base, cand, saved, steps, rt = [], [], 0, 0, 0.0
+        for _ in range(rounds):
+            for p in prompts:
+                [a] = engine.generate([p], max_new_tokens=n, mode="off", log_level="NONE")
+                [r] = engine.generate([p], max_new_tokens=n, mode="lossy", router="unit", sensitivity=s,
+                                      hardware_watermark=0.0, log_level="NONE")
+                base.append(a.stats["decode_time_s"] / max(a.stats["total_tokens"] - 1, 1))
+                cand.append(r.stats["decode_time_s"] / max(r.stats["total_tokens"] - 1, 1))
+                saved += r.stats["bypassed_weight_bytes"]
+                steps += r.stats["total_tokens"] - 1
+                rt += r.stats["router_time_s"]
+        sp = metrics.interleaved_speedup(base, cand)
+        per_tok = saved / steps
+        out.append({"sensitivity": s, "speedup": sp["ratio"], "speedup_lo": sp["lo"], "speedup_hi": sp["hi"],
+                    "ideal_speedup": step_bytes / (step_bytes - per_tok), "blocks_worth": per_tok / bb,
+                    "router_ms_per_token": 1e3 * rt / steps, "pairs": len(base),
+                    "off_ms_per_token": 1e3 * float(np.median(base))})
+        print(f"  speed s={s:.3f}: {out[-1]}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "router_curve.json")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--speed-prompts", type=int, default=4)
+    ap.add_argument("--speed-rounds", type=int, default=2)
+    ap.add_argument("--model", default=None, help="a local model folder or .gguf (default: the embedded one)")
+    ap.add_argument("--smoke", action="store_true", help="2 tune and 3 held-out prompts: checks the script runs")
+    ap.add_argument("--threads", type=int, default=None, help="torch / native kernel threads (default: torch's)")
+    ap.add_argument("--tune-from", type=Path, default=None,
+                    help="reuse the tune grid and chosen sensitivities of an earlier result (skips step 1)")
+    args = ap.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.tokens < 4:
+        print(f"--tokens must be >= 4, got {args.tokens}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    torch.set_grad_enabled(False)
+    engine = Engine.load(args.model)
+    tune_prompts, held_prompts = (TUNE_PROMPTS[:2], HELD_OUT_PROMPTS[:3]) if args.smoke else \
+        (TUNE_PROMPTS, HELD_OUT_PROMPTS)
+    pred = engine.unit_predictor(progress=print)
+    L = engine.dims.n_layers
+    blacklist = {0, L - 1}
+    print(f"kernel {engine.decode_kernel}; predictor report {json.dumps(pred.report)[:400]}", flush=True)
+
+    if args.tune_from is not None:
+        try:
+            earlier = json.loads(args.tune_from.read_text())
+            grid = earlier["tune_grid"]
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"--tune-from {args.tune_from}: not a result of this script ({exc})", file=sys.stderr)
+            return 2
+    else:
+        tune = [Case(engine, p, args.tokens) for p in tune_prompts]
+        grid = []
+        for s in GRID:
+            grid.append(router_point(engine, tune, s))
+            print(f"  tune s={s}: {grid[-1]}", flush=True)
+    chosen = choose_sensitivities(grid)
+    # The held-out prompts may land elsewhere than the tune ones did: the fixed grid's points above
+    # the chosen ones are measured too (chosen a priori, not on the held-out figures).
+    extra = [s for s in GRID if s > max(chosen.values(), default=0.0)]
+    print(f"chosen sensitivities {chosen}, plus grid points {extra}", flush=True)
+
+    held = [Case(engine, p, args.tokens) for p in held_prompts]
+    statics = {name: Removal(engine, held, g) for name, g in static_orders(engine, pred, blacklist).items()}
+    randoms = [Removal(engine, held, [[u] for u in random_units(2 * L, blacklist, seed)]) for seed in SEEDS]
+    rows = []
+    for target, s in [*sorted(chosen.items()), *[(None, s) for s in extra]]:
+        rp = router_point(engine, held, s)
+        st = {name: r.at_bytes(rp["blocks_worth"]) for name, r in statics.items()}
+        best = max(st, key=lambda name: st[name]["top1"])
+        rd = [r.at_bytes(rp["blocks_worth"]) for r in randoms]
+        row = {"target_blocks_worth": target, "router": rp, "static": st, "best_static": best,
+               "random": {"top1": float(np.mean([r["top1"] for r in rd])), "kl": float(np.mean([r["kl"] for r in rd])),
+                          "top1_per_seed": [r["top1"] for r in rd]},
+               "router_minus_static_unit_bi_top1": rp["top1"] - st["unit_bi"]["top1"],
+               "router_minus_best_static_top1": rp["top1"] - st[best]["top1"]}
+        rows.append(row)
+        print(f"held-out target {target}: router {rp['top1']:.3f}/{rp['kl']:.3f} at {rp['blocks_worth']:.2f} blocks; "
+              + "; ".join(f"{n} {v['top1']:.3f}/{v['kl']:.3f}" for n, v in st.items())
+              + f"; random {row['random']['top1']:.3f}", flush=True)
+    deepest = max(rows, key=lambda r: r["router"]["blocks_worth"])["router"]["sensitivity"]
+    sp = speed(engine, list(held_prompts[:args.speed_prompts]),
+               sorted({*[r["router"]["sensitivity"] for r in rows if r["target_blocks_worth"] in (1, 3, 6)], deepest}),
+               args.tokens, args.speed_rounds)
+    result = {
+        "what": "unit router vs static (Block Influence per unit) and random per-unit removal at equal weight bytes",
+        "command": "python scripts/measure_router_curve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": engine.name, "weights_sha256": engine.weights_sha256, "kernel": engine.decode_kernel,
+        "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+        "load_note": "CPU shared with other jobs while measured; speed-ups are interleaved ratios",
+        "tokens": args.tokens, "tune_prompts": len(tune_prompts), "held_out_prompts": len(held_prompts),
+        "predictor_report": pred.report, "tune_grid": grid, "chosen_sensitivities": chosen,
+        "held_out": rows, "speed": sp, "seconds": round(time.perf_counter() - t0, 1),
+        "static_orders": {name: r.groups for name, r in statics.items()},
+    }
+    _write_atomic(args.out, json.dumps(result, indent=1))
+    print(f"wrote {args.out} in {result['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""The unit router wired into the engine, on the tiny model (its predictor trained on the fly).
+
+Sensitivity 0 bypasses nothing; bypass rises with sensitivity; a blacklisted block's units never
+go; DETAILED logs show each unit's score, threshold and decision; the counted bytes are the
+decided units' bytes; per-unit static removal counts its bytes; the router time is recorded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+PROMPT = "the quick brown fox jumps over the lazy dog"
+
+
+@pytest.fixture(scope="module")
+def unit_engine(tiny_engine):
+    from reference_engine import unit_predictor as up
+
+    # a few short prompts keep the tiny model's training fast; the engine caches the result
+    pred = up.train(tiny_engine.weights, tiny_engine.encode, tiny_engine.eos_id, tiny_engine.weights_sha256,
+                    prompts=up.TRAIN_PROMPTS[:6], continuation_tokens=10)
+    tiny_engine._unit_predictor = pred
+    return tiny_engine
+
+
+def _gen(engine, **kw):
+    kw.setdefault("log_level", "NONE")
+    kw.setdefault("hardware_watermark", 0.0)
+    kw.setdefault("router", "unit")
+    [r] = engine.generate([PROMPT], max_new_tokens=12, mode="lossy", **kw)
+    return r
+
+
+def test_unit_predictor_reports_rank_correlations(unit_engine):
+    rep = unit_engine.unit_predictor().report
+    for key in ("spearman_predicted_vs_kl_pooled", "spearman_proxy_vs_kl_pooled"):
+        assert -1.0 <= rep[key] <= 1.0
+    assert rep["positions_held_out"] > 0 and rep["positions_fit"] > rep["positions_held_out"]
+
+
+def test_sensitivity_spans_from_nothing_upward(unit_engine):
+    blacklist = (0, unit_engine.dims.n_layers - 1)
+    got = []
+    for s in (0.0, 0.25, 0.5, 1.0):
+        r = _gen(unit_engine, sensitivity=s, tau0=1.0, layer_blacklist=blacklist)
+        got.append(r.stats["bypassed_weight_bytes"])
+    assert got[0] == 0
+    assert got == sorted(got) and got[-1] > 0, got
+
+
+def test_detailed_log_shows_units_and_bytes_add_up(unit_engine):
+    buf = io.StringIO()
+    L = unit_engine.dims.n_layers
+    r = _gen(unit_engine, sensitivity=1.0, tau0=1.0, log_level="DETAILED", log_file=buf, layer_blacklist=(1,))
+    lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+    units = [x for x in lines if x["event"] == "unit"]
+    assert len(units) == 2 * L * (r.stats["total_tokens"] - 1)
+    assert {x["unit"] for x in units} == {"attention", "mlp"}
+    assert all(x["decision"] == "KEEP_BLACKLIST" for x in units if x["block"] == 1)
+    for x in units:
+        if x["decision"] == "BYPASS":
+            assert x["score"] < x["threshold"]
+        elif x["decision"] == "KEEP":
+            assert x["score"] >= x["threshold"]
+    assert sum(x["bytes_saved"] for x in units) == r.stats["bypassed_weight_bytes"] > 0
+    assert r.stats["units_bypassed"] == sum(x["decision"] == "BYPASS" for x in units)
+    assert r.stats["router_time_s"] > 0 and r.stats["router"] == "unit"
+
+
+def test_static_unit_removal_counts_its_bytes(unit_engine):
+    ub, bb = unit_engine.unit_bytes()
+    [r] = unit_engine.generate([PROMPT], max_new_tokens=6, mode="static", static_attn_bypass=(2, 3),
+                               static_mlp_bypass=(3,), log_level="NONE")
+    steps = r.stats["total_tokens"] - 1
+    assert r.stats["bypassed_weight_bytes"] == steps * int(ub[4] + ub[6] + ub[7])
+    assert r.stats["units_bypassed"] == 3 * steps
+    # as for blocks, the ratio is over every output token (the first comes from prefill)
+    assert np.isclose(r.stats["bypass_ratio"],
+                      steps * (ub[4] + ub[6] + ub[7]) / (bb * unit_engine.dims.n_layers * r.stats["total_tokens"]))
+
+
+def test_bad_router_name_is_named(unit_engine):
+    from reference_engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'tree'"):
+        _gen(unit_engine, router="tree")
+
+
+def test_calibrate_command_reports_the_predictor(unit_engine, capsys):
+    import argparse
+
+    from rsp_bench.cli import _calibrate_unit_predictor
+
+    _calibrate_unit_predictor(unit_engine, argparse.Namespace(quiet=True, force=False))
+    out = capsys.readouterr().out
+    assert f"{2 * unit_engine.dims.n_layers} units" in out and "Spearman" in out and "trained in" in out

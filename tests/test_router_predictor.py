@@ -1,0 +1,67 @@
+"""The unit predictor's data and storage (reference_engine.unit_predictor)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reference_engine import unit_predictor as up
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fixture_text() -> str:
+    parts = []
+    for f in (ROOT / "fixtures").rglob("*"):
+        if f.is_file() and f.stat().st_size < 20_000_000:
+            try:
+                parts.append(f.read_text(errors="ignore"))
+            except OSError:
+                pass
+    return "\n".join(parts)
+
+
+def test_training_and_curve_prompts_are_not_in_the_fixtures() -> None:
+    spec = importlib.util.spec_from_file_location("curve", ROOT / "scripts" / "measure_router_curve.py")
+    curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(curve)
+    text = _fixture_text()
+    assert len(text) > 1000  # the fixtures were read
+    sets = {"train": up.TRAIN_PROMPTS, "tune": curve.TUNE_PROMPTS, "held-out": curve.HELD_OUT_PROMPTS}
+    for name, prompts in sets.items():
+        for p in prompts:
+            assert p[:60] not in text, f"{name} prompt found in fixtures/: {p!r}"
+    assert not set(up.TRAIN_PROMPTS) & set(curve.HELD_OUT_PROMPTS)
+    assert not set(curve.TUNE_PROMPTS) & set(curve.HELD_OUT_PROMPTS)
+    assert len(curve.HELD_OUT_PROMPTS) >= 16
+
+
+def test_spearman_matches_known_values() -> None:
+    assert up.spearman(np.array([1, 2, 3, 4]), np.array([10, 20, 30, 40])) == pytest.approx(1.0)
+    assert up.spearman(np.array([1, 2, 3, 4]), np.array([4, 3, 2, 1])) == pytest.approx(-1.0)
+    # ties take average ranks: ranks (0.5, 0.5, 2) vs (0, 1, 2) -> Pearson of the ranks
+    assert up.spearman(np.array([1, 1, 2]), np.array([1, 2, 3])) == pytest.approx(np.sqrt(3) / 2)
+
+
+def test_ridge_recovers_a_linear_target() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 8)).astype(np.float32)
+    w = rng.normal(size=8)
+    y = x @ w + 0.5
+    wv, b = up.fit_ridge(x, y, 1e-6)
+    assert np.allclose(wv, w, atol=1e-3) and b == pytest.approx(0.5, abs=1e-3)
+
+
+def test_save_load_round_trip_and_damage(tmp_path) -> None:
+    p = up.UnitPredictor("ab" * 32, np.ones((4, 3), np.float32), np.zeros(4, np.float32), np.arange(4.0),
+                         np.linspace(0, 1, 4), {"seed": up.SEED})
+    path = up.save(p, tmp_path)
+    q = up.load(tmp_path, "ab" * 32)
+    assert q is not None and np.array_equal(q.weight, p.weight) and q.report == {"seed": up.SEED}
+    assert up.load(tmp_path, "cd" * 32) is None  # another model's weights
+    path.write_bytes(b"not an npz")
+    assert up.load(tmp_path, "ab" * 32) is None  # damaged: retrained, never trusted
+    assert not list(path.parent.glob("*.tmp"))
