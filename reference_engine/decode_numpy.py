@@ -102,7 +102,7 @@ def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: to
     end = start + 1
     B = token_ids.shape[0]
     H, KV, hd = d.n_heads, d.n_kv_heads, d.head_dim
-    qd, kvd, G, F = H * hd, KV * hd, H // KV, d.intermediate
+    G, F = H // KV, d.intermediate
     eps = d.rms_eps
     scale = np.float32(1.0 / np.sqrt(hd))
     tok = token_ids.numpy()
@@ -155,25 +155,9 @@ def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: to
                 if st is not None:
                     st[layer + 1] = h
                 continue
+            # A whole block: the same two units, both run or both bypassed (K/V written either way).
+            h = _unit_attn(blk, x, h, kc, vc, start, end, cos, sin, bias, scale, run, B, H, KV, hd, G)
             if run:
-                qkv = _mv(x, blk.wqkv)
-                q = _rope(qkv[:, :qd].reshape(B, H, hd), cos, sin)
-                kv = qkv[:, qd:]
-            else:
-                kv = _mv(x, blk.wkv)
-            kc[:, :, start] = _rope(kv[:, :kvd].reshape(B, KV, hd), cos, sin)
-            vc[:, :, start] = kv[:, kvd:].reshape(B, KV, hd)
-            if run:
-                qg = q.reshape(B, KV, G, hd)
-                scores = np.matmul(qg, kc[:, :, :end].transpose(0, 1, 3, 2))  # [B, KV, G, T]
-                scores *= scale
-                if bias is not None:
-                    scores += bias
-                scores -= scores.max(axis=-1, keepdims=True)
-                np.exp(scores, out=scores)
-                scores /= scores.sum(axis=-1, keepdims=True)
-                attn = np.matmul(scores, vc[:, :, :end]).reshape(B, qd)  # [B, KV, G, hd] -> [B, H hd]
-                h = h + _mv(attn, blk.wo)
                 gu = _mv(_rms(h, blk.mlp_norm, eps), blk.w_gate_up)
                 g = gu[:, :F]
                 h = h + _mv(g / (np.float32(1) + np.exp(-g)) * gu[:, F:], blk.w_down)

@@ -119,12 +119,7 @@ class Engine:
         """The model's calibration: packaged copy, else cache, else measured now and cached."""
         if self._calibration is not None and not force:
             return self._calibration
-        found = None
-        if not force:
-            for where in (Path(__file__).parent / "data", cache_root()):
-                found = calib_mod.load(where, self.weights_sha256)
-                if found:
-                    break
+        found = None if force else self._packaged_or_cached(lambda where: calib_mod.load(where, self.weights_sha256))
         if found is None:
             found = calib_mod.calibrate(self.weights, self.encode, self.eos_id, self._density,
                                         self.weights_sha256, progress)
@@ -134,6 +129,17 @@ class Engine:
         self._bypass = [BypassMap(maps[f"{i}.down"], maps[f"{i}.up"]) if lin else None
                         for i, lin in enumerate(cal.use_linear)]
         return cal
+
+    @staticmethod
+    def _packaged_or_cached(load: Callable[[Path], Any]) -> Any:
+        """What ``load`` finds in the packaged data (reference_engine/data), else in the user
+        cache, else None: every per-weights artefact (calibration, predictor, OOD score) ships
+        for the embedded model and is measured once and cached for any other."""
+        for where in (Path(__file__).parent / "data", cache_root()):
+            found = load(where)
+            if found:
+                return found
+        return None
 
     # ---- text ----
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
@@ -406,11 +412,8 @@ class Engine:
         (``scripts/calibrate_ood.py`` fits one), else None (then the coarser mean-loss and norm
         checks stand in; logged at INFO, since any local model starts there)."""
         if getattr(self, "_ood", None) is None:
-            found = None
-            for where in (Path(__file__).parent / "data", cache_root()):
-                found = ood.load(ood.detector_path(where, self.weights_sha256), self.weights_sha256)
-                if found is not None:
-                    break
+            found = self._packaged_or_cached(
+                lambda where: ood.load(ood.detector_path(where, self.weights_sha256), self.weights_sha256))
             if found is None:
                 log.info("no out-of-distribution detector for weights %s: protective degradation uses the "
                             "mean prompt loss and norm checks only (scripts/calibrate_ood.py fits one)",
@@ -474,12 +477,7 @@ class Engine:
 
         if getattr(self, "_unit_predictor", None) is not None and not force:
             return self._unit_predictor
-        found = None
-        if not force:
-            for where in (Path(__file__).parent / "data", cache_root()):
-                found = up.load(where, self.weights_sha256)
-                if found:
-                    break
+        found = None if force else self._packaged_or_cached(lambda where: up.load(where, self.weights_sha256))
         if found is None:
             found = up.train(self.weights, self.encode, self.eos_id, self.weights_sha256, progress,
                              kernel=self.decode_kernel)

@@ -35,8 +35,8 @@ Rates, recorded in the run record under ``reference/lossy/s=0.50`` with n and a 
 - ``degradation_false_positive_rate_heldout_normal`` / ``_user_prompts`` and
   ``degradation_detection_rate_tuning_classes`` / ``_heldout_classes``: the whole detector
   (rules and the model-level score of ``reference_engine/ood.py``) through the engine on inputs
-  the score was never fitted on: the held-out part of ``fixtures/normal_corpus`` (every 4th item
-  with ``--rsp-quick``), its user prompts, and fresh draws of the machine-made text classes
+  the score was never fitted on: the held-out part of ``fixtures/normal_corpus`` (206 items,
+  whose false-alarm rate the threshold was chosen for), its user prompts, and fresh draws of the machine-made text classes
   (``rsp_bench.adversarial.machine_text``), tuning and held-out classes reported apart. False
   alarms <= 5% each, tuning detection >= 95%, held-out detection within 5 points of it.
 
@@ -44,7 +44,7 @@ Sizes (examples per property; the hypothesis profile comes from ``RSP_HYPOTHESIS
 or ``RSP_BENCH_HYPOTHESIS_PROFILE``, default ``ci``; see ``SIZES``):
 
     property                          ci      dev     model runs per example
-    detector rate, per class (x16)    200     1000    none (misses only)
+    detector rate, per class (x14)    200     1000    none (misses only, at most 24 / 1000 per class)
     every class through the engine    1       5       lossy + off batch of them (x16)
     engine batches (1-4 / 1-8 rows)   12      200     lossy + off batch, 1-2 teacher-forced
     valid configs and overrides       10      100     1
@@ -106,6 +106,7 @@ class Sizes:
     """Examples per property for one hypothesis profile (see the module docstring)."""
 
     rate_per_class: int
+    misses_per_class: int  # text-rule misses per class that go through the engine (the rest are not counted)
     per_class_engine: int
     engine_batches: int
     max_batch: int
@@ -116,9 +117,9 @@ class Sizes:
 
 
 SIZES: dict[str, Sizes] = {
-    "ci": Sizes(rate_per_class=200, per_class_engine=1, engine_batches=12, max_batch=4, valid_configs=10,
+    "ci": Sizes(rate_per_class=200, misses_per_class=24, per_class_engine=1, engine_batches=12, max_batch=4, valid_configs=10,
                 invalid_configs=120, token_examples=8, past_limit=5),
-    "dev": Sizes(rate_per_class=1000, per_class_engine=5, engine_batches=200, max_batch=8, valid_configs=100,
+    "dev": Sizes(rate_per_class=1000, misses_per_class=1000, per_class_engine=5, engine_batches=200, max_batch=8, valid_configs=100,
                  invalid_configs=1000, token_examples=100, past_limit=50),
 }
 
@@ -389,13 +390,19 @@ def test_detection_rate_on_adversarial_classes(rsp_engine: Any, rsp_record: Any)
     for name in DEGRADE_CLASSES:
         texts = _draw(STRATEGIES[name].strategy(), SIZE.rate_per_class)
         per_class[name] = {"n": len(texts), "text_level": 0, "model_level": 0, "unencodable": 0}
+        n_misses = 0
         for t in texts:
             if not _encodable(t):
                 unencodable.append((name, t))
             elif text_anomaly_reason(t) is not None:
                 per_class[name]["text_level"] += 1
-            else:
+            elif n_misses < SIZE.misses_per_class:
                 misses.append((name, t))
+                n_misses += 1
+            else:
+                # A class left to the model score (no rule fires on it) would put every example
+                # through a prefill; past the cap an example is neither run nor counted.
+                per_class[name]["n"] -= 1
     # What the text check lets through goes through the engine: its prompt-loss and hidden-
     # norm checks are part of the detector.
     if misses:
@@ -425,7 +432,6 @@ def test_detection_rate_on_adversarial_classes(rsp_engine: Any, rsp_record: Any)
 
 # --------------------------------------------------------------------------- the model-level score
 
-OOD_QUICK_HELDOUT_STRIDE = 4  # every 4th held-out normal item with --rsp-quick (47 of 186)
 OOD_PER_CLASS = {True: 3, False: 12}  # fresh draws per machine-text class, quick / full
 OOD_SEED0 = 2000  # the fit used seeds 0-15, scripts/calibrate_ood.py's evaluation 1000+
 MAX_HELD_OUT_GAP = 0.05
@@ -453,9 +459,7 @@ def test_whole_detector_on_inputs_the_score_never_saw(rsp_engine: Any, rsp_optio
     interval, and gated."""
     from rsp_bench.adversarial import machine_text as mt
 
-    held = _normal_part("heldout")
-    if rsp_options.quick:
-        held = held[::OOD_QUICK_HELDOUT_STRIDE]
+    held = _normal_part("heldout")  # all of it: the threshold's false-alarm rate was stated on it
     user = _user_prompts()
     k = OOD_PER_CLASS[bool(rsp_options.quick)]
     odd = [(name, mt.make(name, OOD_SEED0 + i)) for name in mt.MAKERS for i in range(k)]
