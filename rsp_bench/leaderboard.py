@@ -92,6 +92,10 @@ PROJECTED_COLUMNS: tuple[tuple[str, str, Callable[[float], str], bool], ...] = (
 DEGRADATION_COLUMNS: tuple[tuple[str, str, Callable[[float], str], bool], ...] = (
     ("false-positive rate (benign prompts)", "degradation_false_positive_rate", _fixed(3), False),
     ("detection rate (adversarial prompts)", "degradation_detection_rate", _fixed(3), False),
+    ("false alarms, held-out normal corpus", "degradation_false_positive_rate_heldout_normal", _fixed(3), False),
+    ("false alarms, user prompts", "degradation_false_positive_rate_user_prompts", _fixed(3), False),
+    ("detection, tuning machine-text classes", "degradation_detection_rate_tuning_classes", _fixed(3), False),
+    ("detection, held-out machine-text classes", "degradation_detection_rate_heldout_classes", _fixed(3), False),
 )
 
 
