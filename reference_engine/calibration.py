@@ -86,12 +86,16 @@ def bypass_maps_path(cache_dir: Path, weights_sha256: str) -> Path:
     return cache_dir / "calibration" / f"{weights_sha256[:16]}-v{CALIBRATION_VERSION}-bypass.pt"
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` into a temporary file beside ``path``, then rename it over ``path``: a reader
+    sees the old file or the new one, never half of one. Every per-weights artefact (this
+    calibration, the OOD score, the unit predictor) is written through here."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the packaged copies are package data
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -99,8 +103,8 @@ def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
 
 
 def save(cal: Calibration, maps: dict[str, torch.Tensor], cache_dir: Path) -> None:
-    _atomic_write(bypass_maps_path(cache_dir, cal.weights_sha256), lambda p: torch.save(maps, p))
-    _atomic_write(calibration_path(cache_dir, cal.weights_sha256), lambda p: Path(p).write_text(cal.to_json()))
+    atomic_write(bypass_maps_path(cache_dir, cal.weights_sha256), lambda p: torch.save(maps, p))
+    atomic_write(calibration_path(cache_dir, cal.weights_sha256), lambda p: Path(p).write_text(cal.to_json()))
 
 
 def load(cache_dir: Path, weights_sha256: str) -> tuple[Calibration, dict[str, torch.Tensor]] | None:

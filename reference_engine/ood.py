@@ -33,7 +33,7 @@ one threshold on its log-odds is chosen for a stated false-alarm rate on the *he
 normal part. Held-out generated classes are never seen by the fit. Hidden-state norms
 outside the calibrated band (x/÷ ``NORM_SLACK``) score +inf: no ordinary input does that.
 
-Must NOT import ``rsp_bench``. Imports torch and the engine's model module only.
+Must NOT import ``rsp_bench``. Imports torch, the engine's model module and calibration's atomic write only.
 """
 
 from __future__ import annotations
@@ -41,8 +41,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -50,6 +48,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from .calibration import atomic_write
 from .model import KVCache, ModelWeights, logits_from_hidden, prefill
 
 OOD_VERSION = 2
@@ -270,18 +269,9 @@ def save(det: OODDetector, path: Path, weights_sha256: str) -> None:
               "high_loss_q": det.high_loss_q, "threshold": det.threshold, "blocks": sorted(det.bank),
               "features": list(det.names), "info": det.info}
     arrays["header"] = np.array(json.dumps(header))
-    path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(buf.getvalue())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; it is package data
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(buf.getvalue()))
 
 
 def load(path: Path, weights_sha256: str) -> OODDetector | None:

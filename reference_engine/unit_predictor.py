@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .calibration import atomic_write
 from .model import KVCache, ModelWeights, decode_step, forward_units, prefill
 
 PREDICTOR_VERSION = 1
@@ -143,20 +142,11 @@ def predictor_path(folder: Path, weights_sha256: str) -> Path:
 def save(p: UnitPredictor, folder: Path) -> Path:
     """Write atomically (temporary file, then rename)."""
     path = predictor_path(folder, p.weights_sha256)
-    path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     meta = json.dumps({"version": p.version, "weights_sha256": p.weights_sha256, "report": p.report})
     np.savez(buf, weight=p.weight.astype(np.float32), bias=p.bias.astype(np.float32), impact=p.impact,
              block_influence=p.block_influence, meta=np.frombuffer(meta.encode(), dtype=np.uint8))
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.chmod(tmp, 0o644)  # package data must be readable by whoever installs it
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(buf.getvalue()))
     return path
 
 
