@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "rsp_decode.c"
-ABI_VERSION = 2
+ABI_VERSION = 3
 BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
 OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 
@@ -150,7 +150,7 @@ def load_library() -> ctypes.CDLL:
     lib.rsp_decode_step.restype = ctypes.c_int
     lib.rsp_decode_step.argtypes = [
         ctypes.POINTER(_Model), _pp, _pp, _i64, _i64, _i64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-        _i64, ctypes.c_char_p, ctypes.c_char_p, _pp, _pp, ctypes.c_void_p,
+        _i64, ctypes.c_char_p, ctypes.c_char_p, _pp, _pp, ctypes.c_void_p, _pp, _pp, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.rsp_gemv.restype = ctypes.c_int
@@ -229,7 +229,8 @@ def _native_cache(cache: Any) -> _NativeCache:
 def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: torch.Tensor,
                        key_valid: torch.Tensor, keep: list[bool] | None, bypass: list[Any] | None,
                        stream: torch.Tensor | None, keep_attn: list[bool] | None = None,
-                       keep_mlp: list[bool] | None = None, gate: Any = None) -> torch.Tensor:
+                       keep_mlp: list[bool] | None = None, gate: Any = None,
+                       unit_bypass: list[Any] | None = None) -> torch.Tensor:
     """``model.decode_step`` in one C call (same arguments, same effects on cache and stream);
     returns fresh logits [B, V]."""
     lib = load_library()
@@ -258,8 +259,15 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
         keep_a, keep_m = bytes(bool(k) for k in keep_attn), bytes(bool(k) for k in keep_mlp)
     may_bypass_block = gate is not None or (keep_attn is not None and
                                             not all(a or m for a, m in zip(keep_attn, keep_mlp)))
-    if bypass is not None and may_bypass_block:
+    if bypass is not None and may_bypass_block and unit_bypass is None:
         down, up, rank = _bypass_pointers(bypass, nw.n_blocks)
+    u_down = u_up = u_rank = None
+    if unit_bypass is not None and keep_attn is not None:
+        if len(unit_bypass) != 2 * nw.n_blocks:
+            raise ValueError(f"unit_bypass has {len(unit_bypass)} entries for {2 * nw.n_blocks} units")
+        u_down, u_up, u_rank = _bypass_pointers(unit_bypass, 2 * nw.n_blocks)
+        if u_down is None:  # no unit has a map: identity bypasses, and no block maps either
+            u_down, u_up, u_rank = _no_maps(2 * nw.n_blocks)
     g = [None] * 5
     if gate is not None:
         U = 2 * nw.n_blocks
@@ -276,7 +284,8 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
     logits = torch.empty(B, w.dims.vocab)
     rc = lib.rsp_decode_step(nw.ref, nc.k, nc.v, nc.capacity, B, start, tok.data_ptr(), pos.data_ptr(),
                              valid.data_ptr(), valid.stride(0), keep_a, keep_m, down, up,
-                             ctypes.cast(rank, ctypes.c_void_p) if rank is not None else None,
+                             ctypes.cast(rank, ctypes.c_void_p) if rank is not None else None, u_down, u_up,
+                             ctypes.cast(u_rank, ctypes.c_void_p) if u_rank is not None else None,
                              *g, st, logits.data_ptr(), torch.get_num_threads())
     if rc != 0:
         why = {-1: "bad dimensions or a full KV cache", -2: "out of memory",
@@ -290,8 +299,13 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
 _MAPS: dict[int, tuple] = {}
 
 
+def _no_maps(n: int):
+    return _ptrs([0] * n), _ptrs([0] * n), (_i64 * n)(*([0] * n))
+
+
 def _bypass_pointers(bypass: list[Any], n_blocks: int):
-    """Pointer arrays for the blocks' BypassMaps, built once per bypass list (not per step)."""
+    """Pointer arrays for a list of BypassMaps (per block, or per unit), built once per list (not
+    per step); the two most recent lists are kept (the block maps and the unit maps)."""
     hit = _MAPS.get(id(bypass))
     if hit is not None and hit[0] is bypass:
         return hit[2:]
@@ -304,7 +318,8 @@ def _bypass_pointers(bypass: list[Any], n_blocks: int):
             dp[layer], upp[layer], rk[layer] = dn.data_ptr(), u.data_ptr(), dn.shape[1]
     entry = (bypass, held, None, None, None) if not held else \
         (bypass, held, _ptrs(dp), _ptrs(upp), (_i64 * n_blocks)(*rk))
-    _MAPS.clear()
+    while len(_MAPS) >= 2:
+        _MAPS.pop(next(iter(_MAPS)))
     _MAPS[id(bypass)] = entry
     return entry[2:]
 

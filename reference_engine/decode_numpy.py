@@ -81,6 +81,10 @@ def _mv(x: np.ndarray, m: np.ndarray) -> np.ndarray:
     return x @ m.T
 
 
+def _low_rank_add(h: np.ndarray, lin: Any) -> np.ndarray:
+    return h + (h @ _np(lin.down)) @ _np(lin.up)
+
+
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     # x [B, n, hd]; cos, sin [B, 1, hd]: x * cos + rotate_half(x) * sin
     half = x.shape[-1] // 2
@@ -91,7 +95,8 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: torch.Tensor,
                       key_valid: torch.Tensor, keep: list[bool] | None, bypass: list[Any] | None,
                       stream: torch.Tensor | None, keep_attn: list[bool] | None = None,
-                      keep_mlp: list[bool] | None = None, gate: Any = None) -> torch.Tensor:
+                      keep_mlp: list[bool] | None = None, gate: Any = None,
+                      unit_bypass: list[Any] | None = None) -> torch.Tensor:
     """``model.decode_step`` with numpy kernels (same arguments, same effects on cache and
     stream); returns logits [B, V] as a torch tensor sharing the numpy result's memory.
     ``keep_attn`` / ``keep_mlp`` (both given, already combined with ``keep`` by model.decode_step)
@@ -143,15 +148,20 @@ def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: to
             if units:
                 run_attn = decide(2 * layer, x, keep_attn[layer])
                 h = _unit_attn(blk, x, h, kc, vc, start, end, cos, sin, bias, scale, run_attn, B, H, KV, hd, G)
+                if not run_attn and unit_bypass is not None and unit_bypass[2 * layer] is not None:
+                    h = _low_rank_add(h, unit_bypass[2 * layer])
                 xm = _rms(h, blk.mlp_norm, eps)
                 if decide(2 * layer + 1, xm, keep_mlp[layer]):
                     gu = _mv(xm, blk.w_gate_up)
                     g = gu[:, :F]
                     h = h + _mv(g / (np.float32(1) + np.exp(-g)) * gu[:, F:], blk.w_down)
+                elif unit_bypass is not None:
+                    if unit_bypass[2 * layer + 1] is not None:
+                        h = _low_rank_add(h, unit_bypass[2 * layer + 1])
                 elif not run_attn:
                     lin = bypass[layer] if bypass is not None else None
                     if lin is not None:
-                        h = h + (h @ _np(lin.down)) @ _np(lin.up)
+                        h = _low_rank_add(h, lin)
                 if st is not None:
                     st[layer + 1] = h
                 continue
@@ -164,7 +174,7 @@ def decode_step_numpy(w: Any, cache: Any, token_ids: torch.Tensor, positions: to
             else:
                 lin = bypass[layer] if bypass is not None else None
                 if lin is not None:
-                    h = h + (h @ _np(lin.down)) @ _np(lin.up)
+                    h = _low_rank_add(h, lin)
             if st is not None:
                 st[layer + 1] = h
     cache.length = end

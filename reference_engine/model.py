@@ -307,9 +307,12 @@ def _gate_says_bypass(gate: UnitGate, unit: int, x: Tensor) -> bool:
 
 def _unit_block(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, h: Tensor, start: int,
                 cos: Tensor, sin: Tensor, mask: Tensor | None, run_attn: bool, run_mlp: bool,
-                gate: UnitGate | None, lin: "BypassMap | None") -> Tensor:
+                gate: UnitGate | None, lin: "BypassMap | None", attn_map: "BypassMap | None" = None,
+                mlp_map: "BypassMap | None" = None) -> Tensor:
     """One decode block with attention and MLP decided apart; h [B, 1, D]. The same ops as
-    ``block_forward`` when both run, so the kept path stays bit-identical to it."""
+    ``block_forward`` when both run, so the kept path stays bit-identical to it. A bypassed unit
+    adds its own map's (h @ down) @ up when it has one (``attn_map`` / ``mlp_map``); ``lin``, the
+    whole block's map, applies only when both units are bypassed (callers pass unit maps or it)."""
     B = h.shape[0]
     x = rms_norm(h, blk.attn_norm, dims.rms_eps)
     u = 2 * layer
@@ -331,7 +334,7 @@ def _unit_block(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, 
         h2 = h + F.linear(attn.transpose(1, 2).reshape(B, 1, dims.q_dim), blk.wo)
     else:
         write_kv_only(blk, dims, cache, layer, h, start, cos, sin)
-        h2 = h
+        h2 = h if attn_map is None else h + (h @ attn_map.down) @ attn_map.up
     xm = rms_norm(h2, blk.mlp_norm, dims.rms_eps)
     if run_mlp and gate is not None and _gate_says_bypass(gate, u + 1, xm[:, 0]):
         run_mlp = False
@@ -341,6 +344,8 @@ def _unit_block(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, 
     if run_mlp:
         gate_, up = F.linear(xm, blk.w_gate_up).chunk(2, dim=-1)
         return h2 + F.linear(F.silu(gate_) * up, blk.w_down)
+    if mlp_map is not None:
+        return h2 + (h2 @ mlp_map.down) @ mlp_map.up
     if not run_attn and lin is not None:  # the whole block bypassed: its calibrated linear stand-in
         return h + (h @ lin.down) @ lin.up
     return h2
@@ -349,7 +354,8 @@ def _unit_block(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, 
 def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: Tensor,
                 key_valid: Tensor, keep: list[bool] | None, bypass: list[BypassMap | None] | None,
                 stream: Tensor | None, kernel: str = "torch", keep_attn: list[bool] | None = None,
-                keep_mlp: list[bool] | None = None, gate: UnitGate | None = None) -> Tensor:
+                keep_mlp: list[bool] | None = None, gate: UnitGate | None = None,
+                unit_bypass: list[BypassMap | None] | None = None) -> Tensor:
     """Decode one token per row. ``token_ids`` [B], ``positions`` [B] (RoPE positions).
 
     ``keep[l]`` False bypasses block l (identity, or its BypassMap when one is given) after writing
@@ -363,7 +369,9 @@ def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: T
     Units: ``keep_attn[l]`` / ``keep_mlp[l]`` False bypass block l's attention (its K/V are still
     written) or MLP alone; a unit runs only if ``keep`` and its own flag allow it. ``gate``
     (UnitGate) may bypass more units, decided inside the step from each unit's input. A block
-    whose two units are both bypassed takes its BypassMap, as with ``keep[l]`` False.
+    whose two units are both bypassed takes its BypassMap, as with ``keep[l]`` False, unless
+    ``unit_bypass`` [2L] is given: then each bypassed unit u takes its own map ``unit_bypass[u]``
+    (None: identity) from the stream entering it, and block maps are not used on the unit path.
     """
     units = keep_attn is not None or keep_mlp is not None or gate is not None
     if units:
@@ -377,10 +385,10 @@ def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: T
         keep = None
     if kernel == "numpy":
         return decode_step_numpy(w, cache, token_ids, positions, key_valid, keep, bypass, stream,
-                                 keep_attn, keep_mlp, gate)
+                                 keep_attn, keep_mlp, gate, unit_bypass)
     if kernel == "native":
         return decode_step_native(w, cache, token_ids, positions, key_valid, keep, bypass, stream,
-                                  keep_attn, keep_mlp, gate)
+                                  keep_attn, keep_mlp, gate, unit_bypass)
     if kernel != "torch":
         raise ValueError(f"decode kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
     dims = w.dims
@@ -392,8 +400,12 @@ def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: T
         stream[0].copy_(h[:, 0])
     for layer, blk in enumerate(w.blocks):
         if units:
-            h = _unit_block(blk, dims, cache, layer, h, start, cos, sin, mask, keep_attn[layer], keep_mlp[layer],
-                            gate, bypass[layer] if bypass is not None else None)
+            if unit_bypass is not None:
+                h = _unit_block(blk, dims, cache, layer, h, start, cos, sin, mask, keep_attn[layer],
+                                keep_mlp[layer], gate, None, unit_bypass[2 * layer], unit_bypass[2 * layer + 1])
+            else:
+                h = _unit_block(blk, dims, cache, layer, h, start, cos, sin, mask, keep_attn[layer],
+                                keep_mlp[layer], gate, bypass[layer] if bypass is not None else None)
         elif keep is None or keep[layer]:
             h = block_forward(blk, dims, cache, layer, h, start, cos, sin, mask, causal=False)
         else:
@@ -409,11 +421,13 @@ def decode_step(w: ModelWeights, cache: KVCache, token_ids: Tensor, positions: T
 
 def forward_units(w: ModelWeights, ids: Tensor, start: int, keep_attn: list[bool] | None = None,
                   keep_mlp: list[bool] | None = None, bypass: list[BypassMap | None] | None = None,
-                  first_layer: int = 0, h_in: Tensor | None = None, record: dict | None = None) -> Tensor:
+                  first_layer: int = 0, h_in: Tensor | None = None, record: dict | None = None,
+                  unit_bypass: list[BypassMap | None] | None = None) -> Tensor:
     """Teacher-forced pass over one whole sequence ``ids`` [1, T] with units bypassed at the decode
     positions (>= ``start``) only: the same math as ``start`` prefill then T - start decode steps
     with those fixed ``keep_attn`` / ``keep_mlp`` flags (a bypassed unit's K/V are still written from
-    its input; both units off takes the BypassMap), in one pass instead of T - start steps.
+    its input; both units off takes the BypassMap, or with ``unit_bypass`` [2L] each bypassed unit
+    its own map, as decode_step does), in one pass instead of T - start steps.
 
     ``first_layer`` / ``h_in`` [1, T, D]: start from the stream entering that block (calibration
     re-runs only the blocks after the one it bypasses). ``record``, when a dict, receives per layer
@@ -437,12 +451,14 @@ def forward_units(w: ModelWeights, ids: Tensor, start: int, keep_attn: list[bool
         q, k, v = _qkv(blk, dims, h, cos, sin)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         a = F.linear(attn.transpose(1, 2).reshape(1, T, dims.q_dim), blk.wo)
-        h2 = h + (a if ka else torch.where(dec, 0.0, a))
+        am = unit_bypass[2 * layer] if unit_bypass is not None and not ka else None
+        h2 = h + (a if ka else torch.where(dec, 0.0 if am is None else (h @ am.down) @ am.up, a))
         xm = rms_norm(h2, blk.mlp_norm, dims.rms_eps)
         g, u = F.linear(xm, blk.w_gate_up).chunk(2, dim=-1)
         m = F.linear(F.silu(g) * u, blk.w_down)
-        h3 = h2 + (m if km else torch.where(dec, 0.0, m))
-        if not ka and not km and bypass is not None and bypass[layer] is not None:
+        mm = unit_bypass[2 * layer + 1] if unit_bypass is not None and not km else None
+        h3 = h2 + (m if km else torch.where(dec, 0.0 if mm is None else (h2 @ mm.down) @ mm.up, m))
+        if not ka and not km and unit_bypass is None and bypass is not None and bypass[layer] is not None:
             lin = bypass[layer]
             h3 = torch.where(dec, h + (h @ lin.down) @ lin.up, h3)
         if record is not None:

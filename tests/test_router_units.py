@@ -36,7 +36,8 @@ def _decode(engine, ids, n, kernel, gate_fn=None, **unit_kw):
         gate = gate_fn() if gate_fn else None
         out = decode_step(engine.weights, cache, torch.tensor([ids[i]]), torch.tensor([i]), valid, None,
                           unit_kw.get("bypass"), None, kernel=kernel,
-                          keep_attn=unit_kw.get("keep_attn"), keep_mlp=unit_kw.get("keep_mlp"), gate=gate)
+                          keep_attn=unit_kw.get("keep_attn"), keep_mlp=unit_kw.get("keep_mlp"), gate=gate,
+                          unit_bypass=unit_kw.get("unit_bypass"))
         logits.append(out[0].clone())
         if gate is not None:
             records.append((gate.scores.clone(), gate.decisions.clone()))
@@ -90,6 +91,37 @@ def test_fixed_unit_flags_match_torch_and_one_pass(tiny_engine, kernel):
     assert torch.allclose(exact, one, atol=ATOL, rtol=0)
     full, _ = _decode(tiny_engine, ids, 6, "torch")
     assert not torch.allclose(full, exact, atol=1e-3)  # the flags did bypass something
+
+
+def _unit_maps(d, units):
+    gen = torch.Generator().manual_seed(1)
+    maps = [None] * (2 * d.n_layers)
+    for u in units:
+        maps[u] = BypassMap(0.05 * torch.randn(d.hidden, 4, generator=gen), 0.05 * torch.randn(4, d.hidden, generator=gen))
+    return maps
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_unit_maps_match_torch_and_one_pass(tiny_engine, kernel):
+    """Each bypassed unit adds its own map from the stream entering it (block 1: both units off,
+    each with a map, in place of the block's map; block 2: only the MLP off, with a map; block 3:
+    attention off, no map: identity)."""
+    d = tiny_engine.dims
+    ka = [True, False, True, False, True, True][:d.n_layers]
+    km = [True, False, False, True, True, True][:d.n_layers]
+    maps = _unit_maps(d, [2, 3, 5])
+    block = [None, BypassMap(torch.ones(d.hidden, 1), torch.ones(1, d.hidden))] + [None] * (d.n_layers - 2)
+    ids = _ids(tiny_engine)
+    exact, _ = _decode(tiny_engine, ids, 6, "torch", keep_attn=ka, keep_mlp=km, unit_bypass=maps, bypass=block)
+    fast, _ = _decode(tiny_engine, ids, 6, kernel, keep_attn=ka, keep_mlp=km, unit_bypass=maps, bypass=block)
+    assert torch.allclose(exact, fast, atol=ATOL, rtol=0)
+    one = forward_units(tiny_engine.weights, torch.tensor([ids]), len(ids) - 6, ka, km, block, unit_bypass=maps)
+    assert torch.allclose(exact, one, atol=ATOL, rtol=0)
+    plain, _ = _decode(tiny_engine, ids, 6, "torch", keep_attn=ka, keep_mlp=km)
+    assert not torch.allclose(plain, exact, atol=1e-3)  # the maps changed the stream
+    none, _ = _decode(tiny_engine, ids, 6, kernel, keep_attn=ka, keep_mlp=km, unit_bypass=[None] * (2 * d.n_layers),
+                      bypass=block)
+    assert torch.allclose(plain, none, atol=ATOL, rtol=0)  # no unit maps: identity, and no block map either
 
 
 def _gate_fn(engine, thresholds):

@@ -15,6 +15,10 @@
  * the unit gate (gate_bypass below) decides them inside this call from each unit's normalised
  * input, so the per-token router adds no Python per block.
  *
+ * Unit maps (ABI 3): a bypassed unit may take its own low-rank stand-in, h += (h @ down) @ up from
+ * the stream entering it (unit_down / unit_up / unit_rank, [2L] each, NULL entries for none). When
+ * unit maps are given they replace the whole-block map in the unit path.
+ *
  * Weights are row-major [N, K] (y = W x), contiguous. The KV cache is [B, KV, T, hd] per layer.
  * Built by decode_native.py with the system C compiler; -march=native picks AVX-512 or AVX2 paths,
  * anything else takes the portable loop.
@@ -38,7 +42,7 @@ typedef struct {
         *const *w_down;
 } rsp_model;
 
-int rsp_abi_version(void) { return 2; }
+int rsp_abi_version(void) { return 3; }
 
 int rsp_simd_width(void) {
 #if defined(__AVX512F__)
@@ -176,6 +180,26 @@ static void rope(const float *x, const float *c, const float *s, int64_t hd, flo
 }
 
 /* Returns 0, or a negative code: -1 bad dims, -2 out of memory, -3 a token or position out of range. */
+/* h[b] += (h[b] @ dn) @ up for every row: the low-rank stand-in of a bypassed block or unit.
+ * One thread runs it (rank x D x 2 multiply-adds per row, ~37k at rank 32: not worth a barrier). */
+static void low_rank_add(float *h, int64_t B, int64_t D, const float *dn, const float *up, int64_t r, float *lo,
+                         float *tmp) {
+    for (int64_t b = 0; b < B; b++) {
+        float *hb = h + b * D;
+        for (int64_t j = 0; j < r; j++) lo[j] = 0.0f;
+        for (int64_t d = 0; d < D; d++) {
+            const float hv = hb[d], *drow = dn + d * r;
+            for (int64_t j = 0; j < r; j++) lo[j] += hv * drow[j];
+        }
+        for (int64_t d = 0; d < D; d++) tmp[d] = 0.0f;
+        for (int64_t j = 0; j < r; j++) {
+            const float lv = lo[j], *urow = up + j * D;
+            for (int64_t d = 0; d < D; d++) tmp[d] += lv * urow[d];
+        }
+        for (int64_t d = 0; d < D; d++) hb[d] += tmp[d];
+    }
+}
+
 /* The unit gate (all NULL when unused): gate_w [2L, D], gate_b [2L], log_tau [B, 2L]; unit 2l is
  * block l's attention, 2l+1 its MLP. Before a unit runs, every thread computes the same
  * s_b = gate_w[u] . x_b + gate_b[u] from its own copy of the unit's normalised input x (the same
@@ -207,6 +231,7 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
                     int64_t start, const int64_t *tok, const int64_t *pos, const uint8_t *valid,
                     int64_t valid_stride, const uint8_t *keep_attn, const uint8_t *keep_mlp,
                     const float *const *byp_down, const float *const *byp_up, const int64_t *byp_rank,
+                    const float *const *unit_down, const float *const *unit_up, const int64_t *unit_rank,
                     const float *gate_w, const float *gate_b, const float *log_tau, float *gate_scores,
                     uint8_t *gate_decisions, float *stream, float *logits, int nthreads) {
     const int64_t L = m->n_layers, D = m->D, F = m->F, H = m->H, KV = m->KV, hd = m->hd, V = m->V;
@@ -220,6 +245,9 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
     int64_t rmax = 0;
     if (byp_rank)
         for (int64_t l = 0; l < L; l++) rmax = byp_rank[l] > rmax ? byp_rank[l] : rmax;
+    const int unit_maps = unit_down != NULL && unit_up != NULL && unit_rank != NULL;
+    if (unit_maps)
+        for (int64_t u = 0; u < U; u++) rmax = unit_rank[u] > rmax ? unit_rank[u] : rmax;
     float *h = malloc(sizeof(float) * (size_t)(B * D));
     float *qkv = malloc(sizeof(float) * (size_t)(B * QW));
     float *attn = malloc(sizeof(float) * (size_t)(B * qd));
@@ -319,6 +347,10 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             share(D, tid, nt, &a, &e);
             if (rc == 0) gemv_rows(m->wo[l], qd, a, e, attn, qd, B, h, D, 1);
 #pragma omp barrier
+            } else if (unit_maps && unit_down[2 * l] && unit_up[2 * l]) {
+                /* RoPE above was the last reader of xn from h's old value; thread 0 writes h */
+                if (tid == 0 && rc == 0) low_rank_add(h, B, D, unit_down[2 * l], unit_up[2 * l], unit_rank[2 * l], low, xn);
+#pragma omp barrier
             }
             int run_m = keep_mlp == NULL || keep_mlp[l];
             if (rc == 0) rms(h, m->mlp_norm[l], B, D, eps, xn);
@@ -331,23 +363,11 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
 #pragma omp barrier
                 /* every thread has read h for its decision: thread 0 may now write it */
                 if (tid == 0 && rc == 0) {
-                    const float *dn = byp_down && !run ? byp_down[l] : NULL, *up = byp_up && !run ? byp_up[l] : NULL;
-                    if (dn && up) {
-                        const int64_t r = byp_rank[l];
-                        for (int64_t b = 0; b < B; b++) {
-                            float *lo = low + b * r, *hb = h + b * D;
-                            for (int64_t j = 0; j < r; j++) lo[j] = 0.0f;
-                            for (int64_t d = 0; d < D; d++) {
-                                const float hv = hb[d], *drow = dn + d * r;
-                                for (int64_t j = 0; j < r; j++) lo[j] += hv * drow[j];
-                            }
-                            for (int64_t d = 0; d < D; d++) xn[d] = 0.0f;
-                            for (int64_t j = 0; j < r; j++) {
-                                const float lv = lo[j], *urow = up + j * D;
-                                for (int64_t d = 0; d < D; d++) xn[d] += lv * urow[d];
-                            }
-                            for (int64_t d = 0; d < D; d++) hb[d] += xn[d];
-                        }
+                    if (unit_maps) {
+                        if (unit_down[2 * l + 1] && unit_up[2 * l + 1])
+                            low_rank_add(h, B, D, unit_down[2 * l + 1], unit_up[2 * l + 1], unit_rank[2 * l + 1], low, xn);
+                    } else if (byp_down && byp_up && !run && byp_down[l] && byp_up[l]) {
+                        low_rank_add(h, B, D, byp_down[l], byp_up[l], byp_rank[l], low, xn);
                     }
                     if (stream) memcpy(stream + (l + 1) * B * D, h, sizeof(float) * (size_t)(B * D));
                 }
