@@ -15,7 +15,9 @@ Under the table: a Pareto plot of top-1 agreement against measured speed-up (log
 configurations marked), and a short "what changed" list between the newest record of the
 section and the one before it. Projected GPU figures (modelled from datasheet profiles, not
 measured) go in their own table, as do the protective-degradation rates. Records drawn on other
-prompt subsets (``--rsp-subset-seed``) are left out and counted.
+prompt subsets (``--rsp-subset-seed``) are left out and counted. When the results folder holds
+``router_curve.json`` (scripts/measure_router_curve.py), the unit router's curve against static
+and random removal at equal bytes closes the board (``rsp_bench.router_curve``).
 
 Outputs (written atomically through ``rsp_bench.storage``, byte for byte identical when rebuilt
 from the same records: no timestamps, no paths, fixed plot size, dpi, style and PNG metadata):
@@ -44,6 +46,8 @@ from rsp_bench.baselines import configure_baseline_parser, run_baseline
 from rsp_bench.errors import HarnessInputError
 from rsp_bench.profiles import PROFILES
 from rsp_bench.records import latest_records, record_sort_key, validate_record
+from rsp_bench.router_curve import curve_note, curve_rows, curve_title, load_curve
+from rsp_bench.router_curve import HEADERS as CURVE_HEADERS
 from rsp_bench.storage import atomic_write_bytes, atomic_write_text
 
 __all__ = [
@@ -392,8 +396,9 @@ def _side_tables(section: Section):
             yield title, ["configuration", *(c[0] for c in columns), "record"], rows
 
 
-def render_markdown(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME) -> str:
-    """The ``leaderboard.md`` text."""
+def render_markdown(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME,
+                    curve: Mapping[str, Any] | None = None) -> str:
+    """The ``leaderboard.md`` text (``curve``: a router_curve.json, shown last)."""
     secs, left_out = sections(records)
     parts = ["# rsp-bench leaderboard\n", _NOTE + "\n", _sources_line(records, left_out) + "\n"]
     for section in secs:
@@ -405,10 +410,14 @@ def render_markdown(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_
         for title, headers, rows in _side_tables(section):
             parts.append(f"### {title}\n\n" + _table(headers, rows, "github") + "\n")
     parts.append(f"![top-1 agreement vs measured speed-up, Pareto front]({plot_name})\n")
+    if curve is not None:
+        parts.append(f"## {curve_title(curve)}\n\n" + _table(CURVE_HEADERS, curve_rows(curve), "github") + "\n\n"
+                     + curve_note(curve) + "\n")
     return "\n".join(parts)
 
 
-def render_html(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME) -> str:
+def render_html(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME,
+                curve: Mapping[str, Any] | None = None) -> str:
     """The ``leaderboard.html`` text: tabulate's (escaped) HTML tables in a minimal page."""
     secs, left_out = sections(records)
     body = [f"<p>{html.escape(_NOTE)}</p>", f"<p>{html.escape(_sources_line(records, left_out))}</p>"]
@@ -423,6 +432,10 @@ def render_html(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME
             body.append(f"<h3>{html.escape(title)}</h3>")
             body.append(_table(headers, rows, "html"))
     body.append(f"<p><img src=\"{html.escape(plot_name)}\" alt=\"top-1 agreement vs measured speed-up\"></p>")
+    if curve is not None:
+        body.append(f"<h2>{html.escape(curve_title(curve))}</h2>")
+        body.append(_table(CURVE_HEADERS, curve_rows(curve), "html"))
+        body.append(f"<p>{html.escape(curve_note(curve))}</p>")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         "<title>rsp-bench leaderboard</title>\n"
@@ -510,11 +523,12 @@ def write_leaderboard(
     themselves. Returns ``{"md": ..., "html": ..., "png": ...}``.
     """
     records = _as_records(records_dir_or_records)
+    curve = load_curve(records_dir_or_records) if isinstance(records_dir_or_records, (str, os.PathLike)) else None
     out = Path(out_dir)
     # The plot first: if drawing fails, no table points at a missing or stale picture.
     png = atomic_write_bytes(out / PLOT_NAME, render_plot_png(records))
-    md = atomic_write_text(out / "leaderboard.md", render_markdown(records, PLOT_NAME))
-    page = atomic_write_text(out / "leaderboard.html", render_html(records, PLOT_NAME))
+    md = atomic_write_text(out / "leaderboard.md", render_markdown(records, PLOT_NAME, curve))
+    page = atomic_write_text(out / "leaderboard.html", render_html(records, PLOT_NAME, curve))
     return {"md": md, "html": page, "png": png}
 
 

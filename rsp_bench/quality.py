@@ -40,7 +40,7 @@ from rsp_bench.errors import HarnessInputError
 __all__ = [
     "MetricValue", "ReferenceOutputs", "generate_all", "teacher_forced_all",
     "equivalence_metrics", "extraction_metrics", "extraction_prompts", "short_answer",
-    "record_metrics", "Budget", "load_budgets", "budget_for", "check_budget",
+    "record_metrics", "interpolated_metrics", "Budget", "load_budgets", "budget_for", "check_budget",
 ]
 
 
@@ -440,6 +440,20 @@ def record_metrics(builder: Any, spec: ConfigSpec, values: Mapping[str, MetricVa
         builder.add_metric(spec.config_id, name, mv.value, mv.n, ci=mv.ci, unit=mv.unit,
                            engine=spec.engine, mode=spec.mode, sensitivity=spec.sensitivity,
                            params=spec.params or None)
+
+
+def interpolated_metrics(low: Mapping[str, MetricValue], high: Mapping[str, MetricValue],
+                         t: float) -> dict[str, MetricValue]:
+    """Figures of a static curve at a budget between two measured whole-block budgets:
+    (1 - t) * low + t * high for every figure both carry, ``t`` in [0, 1] the budget's fraction of
+    the way from low's to high's. An interpolation has no sampling interval of its own: ci None,
+    n the smaller of the two. A dynamic run is compared with this at its own executed budget, not
+    with the rounded-up whole block (which hands it up to half a block)."""
+    if not (isinstance(t, (int, float)) and math.isfinite(t) and 0.0 <= t <= 1.0):
+        raise HarnessInputError(f"t must be a number in [0, 1], got {t!r}")
+    return {name: MetricValue((1 - t) * low[name].value + t * high[name].value, min(low[name].n, high[name].n),
+                              None, low[name].unit)
+            for name in low if name in high and low[name].unit == high[name].unit}
 
 
 # --------------------------------------------------------------------------- budgets

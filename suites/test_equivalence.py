@@ -1,7 +1,7 @@
 """Equivalence suite: the same prompts through the unpruned model and every configuration,
 compared token by token (exact match, prefix agreement) and by teacher-forced distributions
 (top-1 agreement, KL, perplexity ratio), plus the static baselines at the dynamic run's
-executed-block budget and the plain Hugging Face peer.
+executed budget (interpolated between whole blocks, not rounded) and the plain Hugging Face peer.
 
 Sizes: quick (--rsp-quick) 8 prompts x 24 new tokens; full 48 prompts x 64 new tokens
 (--rsp-max-new-tokens overrides the token count). Every figure goes to the run record;
@@ -14,15 +14,17 @@ reference engine (the plugin's fixtures hand it over).
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
 import pytest
 
 from rsp_bench import datasets as ds
-from rsp_bench.engines import ConfigSpec, format_config_id, matched_k
+from rsp_bench.engines import ConfigSpec, format_config_id
 from rsp_bench.plugin import get_options
-from rsp_bench.quality import budget_for, check_budget, equivalence_metrics, load_budgets, record_metrics
+from rsp_bench.quality import (budget_for, check_budget, equivalence_metrics, interpolated_metrics, load_budgets,
+                               record_metrics)
 
 pytestmark = pytest.mark.equivalence
 
@@ -112,22 +114,38 @@ def test_hf_peer_matches_reference_off(rsp_peer, measure) -> None:
 
 
 def test_static_baseline_at_matched_budget(static_case, rsp_options, rsp_configs, rsp_engine,
-                                           rsp_adapter_for, measure) -> None:
-    """ShortGPT and random static removal at the executed-block budget the dynamic router
-    used: k = round(bypass ratio x blocks) of the lossy run at the same sensitivity."""
+                                           rsp_adapter_for, rsp_record, measure) -> None:
+    """ShortGPT and random static removal at the lossy run's executed budget, matched on weight
+    bytes without rounding: the run bypassed b = bypass ratio x blocks per token (every block
+    holds the same bytes, so blocks and bytes are one budget here). Static removal is measured at
+    floor(b) and floor(b) + 1 whole blocks (0 blocks is reference/off) and recorded at b itself,
+    interpolated, as ``static-<kind>/k=<b>``; the whole-block rows are recorded too."""
     kind, s = static_case
     lossy_id = format_config_id(rsp_options.engine, "lossy", s)
     lossy = next(c for c in rsp_configs if c.config_id == lossy_id)
     lossy_values = measure(lossy)
     if "bypass_ratio" not in lossy_values:
         pytest.skip(f"{lossy_id} reports no bypass statistics; no budget to match")
-    k = matched_k(lossy_values["bypass_ratio"].value, rsp_engine.dims.n_layers)
-    if k == 0:
-        pytest.skip(f"{lossy_id} bypassed under half a block per token (k rounds to 0): a static row would be reference/off")
+    L = rsp_engine.dims.n_layers
+    b = lossy_values["bypass_ratio"].value * L
+    if b == 0:
+        pytest.skip(f"{lossy_id} bypassed nothing: a static row would be reference/off")
     adapter = rsp_adapter_for(f"static-{kind}")
-    spec = adapter.spec_for(k, matched_to=lossy_id)
-    if spec.config_id in measure.done:
-        pytest.skip(f"{spec.config_id} already measured for another sensitivity with the same k")
-    values = measure(spec, adapter)
-    assert values["bypass_ratio"].value > 0, f"{spec.config_id} bypassed nothing: static mode ignored its blocks"
+    off = next(c for c in rsp_configs if c.config_id == format_config_id("reference", "off"))
+    k0 = int(math.floor(b))
+    t = b - k0
 
+    def at(k: int) -> dict:
+        if k == 0:
+            return measure(off)
+        values = measure(adapter.spec_for(k, matched_to=lossy_id), adapter)
+        assert values["bypass_ratio"].value > 0, f"static-{kind}/k={k} bypassed nothing: static mode ignored its blocks"
+        return values
+
+    low = at(k0)
+    high = at(k0 + 1) if t > 0 else low
+    spec = ConfigSpec(format_config_id(adapter.name, k=f"{b:.2f}"), adapter.name, "static", None,
+                      {"k_interpolated": b, "between": [k0, k0 + 1], "t": t, "matched_to": lossy_id})
+    if spec.config_id in rsp_record.record["configurations"]:
+        pytest.skip(f"{spec.config_id} already recorded for another sensitivity at the same budget")
+    record_metrics(rsp_record, spec, interpolated_metrics(low, high, t))

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from rsp_bench import engines as eng
-from rsp_bench.engines import (ConfigSpec, available_engines, format_config_id, get_engine, matched_k,
+from rsp_bench.engines import (ConfigSpec, available_engines, format_config_id, get_engine,
                                plan_configs, random_blocks, register_engine, shortgpt_blocks)
 from rsp_bench.errors import HarnessInputError
 
@@ -105,12 +105,19 @@ def test_plan_configs_ids_and_watermark() -> None:
     assert format_config_id("static-shortgpt", k=3) == "static-shortgpt/k=3"
 
 
-def test_matched_k_rounds_half_up_and_checks_input() -> None:
-    assert matched_k(0.1, 30) == 3
-    assert matched_k(0.05, 30) == 2  # 1.5 rounds up, not to even
-    assert matched_k(0.0, 30) == 0
+def test_static_figures_are_interpolated_at_the_dynamic_budget_not_rounded() -> None:
+    from rsp_bench.quality import MetricValue, interpolated_metrics
+
+    low = {"top1_agreement": MetricValue(0.9, 100, (0.85, 0.95), "ratio"), "kl": MetricValue(0.1, 100, None, "nats"),
+           "only_low": MetricValue(1.0, 5, None, "ratio")}
+    high = {"top1_agreement": MetricValue(0.7, 80, (0.6, 0.8), "ratio"), "kl": MetricValue(0.5, 80, None, "nats")}
+    got = interpolated_metrics(low, high, 0.25)  # 1.25 blocks: a quarter of the way from k=1 to k=2
+    assert set(got) == {"top1_agreement", "kl"}
+    assert got["top1_agreement"].value == pytest.approx(0.85) and got["kl"].value == pytest.approx(0.2)
+    assert got["top1_agreement"].n == 80 and got["top1_agreement"].ci is None
+    assert interpolated_metrics(low, high, 0.0)["kl"].value == pytest.approx(0.1)
     with pytest.raises(HarnessInputError, match="1.5"):
-        matched_k(1.5, 30)
+        interpolated_metrics(low, high, 1.5)
 
 
 def test_shortgpt_picks_lowest_influence_never_blacklisted() -> None:

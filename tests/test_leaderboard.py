@@ -302,3 +302,32 @@ def test_a_newer_record_with_only_side_figures_does_not_hide_the_main_row() -> N
     assert lossy.run_id == "20250101T000000Z-000001" and lossy.value("top1_agreement") == 0.91
     off = next(e for e in section.entries if e.config == "reference/off")
     assert off.run_id == "20250201T000000Z-000002"  # the newest with main figures still wins
+
+
+def _curve() -> dict:
+    row = lambda s, bw, top1, static, speed: {  # noqa: E731
+        "router": {"sensitivity": s, "blocks_worth": bw, "top1": top1, "kl": 0.1, "router_ms_per_token": 0.2},
+        "static": {"block_bi": {"top1": static}}, "best_static": "block_bi",
+        "router_minus_best_static_top1": top1 - static, "random": {"top1": 0.5}}
+    return {"model": "tiny", "held_out_prompts": 3, "tokens": 8, "kernel": "torch", "threads": 1,
+            "command": "python scripts/measure_router_curve.py --smoke",
+            "held_out": [row(0.5, 2.5, 0.8, 0.7, True), row(0.1, 0.5, 0.95, 0.9, False)],
+            "speed": [{"sensitivity": 0.5, "speedup": 1.05, "speedup_lo": 1.01, "speedup_hi": 1.09,
+                       "ideal_speedup": 1.08}]}
+
+
+def test_router_curve_closes_the_board_when_the_results_folder_has_one(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for r in _records():
+        write_record(r, results / "runs")
+    (results / "router_curve.json").write_text(json.dumps(_curve()))
+    md = write_leaderboard(results, tmp_path / "out")["md"].read_text()
+    title = md.index("## Unit router vs static and random removal at equal weight bytes (tiny")
+    shallow, deep = md.index("| 0.100 "), md.index("| 0.500 ")
+    assert title < shallow < deep  # rows from shallow to deep budgets
+    assert "+10.0 pts" in md and "1.05× [1.01, 1.09]" in md and "scripts/measure_router_curve.py --smoke" in md
+    html_text = (tmp_path / "out" / "leaderboard.html").read_text()
+    assert "Unit router vs static" in html_text
+    (results / "router_curve.json").write_text("{not json")
+    with pytest.raises(HarnessInputError, match="router_curve.json"):
+        write_leaderboard(results, tmp_path / "bad")

@@ -12,7 +12,7 @@ transformers or reference_engine until an adapter is built.
 from rsp_bench.engines.base import (ENTRY_POINT_GROUP, ConfigSpec, EngineAdapter, Output, available_engines,
                                     declared_modes, engine_factory, get_engine, register_engine)
 from rsp_bench.engines.configs import SUITE_WATERMARK, format_config_id, plan_configs, pruning_config
-from rsp_bench.engines.reference import (ReferenceAdapter, StaticAdapter, matched_k, random_blocks,
+from rsp_bench.engines.reference import (ReferenceAdapter, StaticAdapter, random_blocks,
                                          shortgpt_blocks)
 from rsp_bench.engines.hf_generate import HFGenerateAdapter
 from rsp_bench.engines import llama_cpp as _llama_cpp  # noqa: F401  registers "llama-cpp" (llama_cpp imported lazily)
@@ -21,6 +21,6 @@ from rsp_bench.engines import openai_engine as _openai_engine  # noqa: F401  reg
 __all__ = [
     "ENTRY_POINT_GROUP", "SUITE_WATERMARK", "ConfigSpec", "Output", "EngineAdapter",
     "register_engine", "get_engine", "available_engines", "engine_factory", "declared_modes", "format_config_id",
-    "plan_configs", "pruning_config", "matched_k", "shortgpt_blocks", "random_blocks",
+    "plan_configs", "pruning_config", "shortgpt_blocks", "random_blocks",
     "ReferenceAdapter", "HFGenerateAdapter", "StaticAdapter",
 ]

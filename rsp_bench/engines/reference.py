@@ -24,16 +24,6 @@ if TYPE_CHECKING:
     from reference_engine import Engine, PruningConfig
 
 
-def matched_k(bypass_ratio: float, n_layers: int) -> int:
-    """Blocks a static baseline removes to match a dynamic run's executed-block budget:
-    round(mean blocks bypassed per decoded token) = round(bypass_ratio x blocks), halves up."""
-    if not (isinstance(bypass_ratio, (int, float)) and math.isfinite(bypass_ratio) and 0 <= bypass_ratio <= 1):
-        raise HarnessInputError(f"bypass_ratio must be a number in [0, 1], got {bypass_ratio!r}")
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
-        raise HarnessInputError(f"n_layers must be a positive integer, got {n_layers!r}")
-    return int(math.floor(bypass_ratio * n_layers + 0.5))
-
-
 def unit_budget_bracket(bytes_per_token: float, unit_bytes: Sequence[int], order: Sequence[int]) -> tuple[int, int, float]:
     """Equal-bytes matching for per-unit static removal, without rounding.
 
@@ -41,7 +31,7 @@ def unit_budget_bracket(bytes_per_token: float, unit_bytes: Sequence[int], order
     first); ``unit_bytes[u]``: weight bytes per token that removing unit u saves. Returns (k, k + 1,
     t): the router's ``bytes_per_token`` lies between the budgets of the first k and the first k+1
     units, at fraction t in [0, 1]; compare the router with (1 - t) * f(k) + t * f(k + 1), the
-    static curve interpolated at its budget (``matched_k``'s rounding hands it up to half a block).
+    static curve interpolated at its budget (rounding to the nearest budget hands it up to half a block).
     """
     if not (isinstance(bytes_per_token, (int, float)) and math.isfinite(bytes_per_token) and bytes_per_token >= 0):
         raise HarnessInputError(f"bytes_per_token must be a finite number >= 0, got {bytes_per_token!r}")

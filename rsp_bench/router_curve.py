@@ -1,0 +1,69 @@
+"""The unit router's quality/speed curve as a leaderboard table.
+
+``scripts/measure_router_curve.py`` writes ``results/router_curve.json``: on prompts nobody tuned
+to, per sensitivity, the router's teacher-forced top-1 agreement and KL at the weight bytes it
+actually skipped, static removal (several rankings) and random removal interpolated at the same
+bytes, and interleaved speed-ups against the ideal from the bytes not read. This module reads
+that file and turns it into one table (headers and rows); the leaderboard renders it.
+
+Must NOT import torch, transformers or reference_engine (the leaderboard imports it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from rsp_bench.errors import HarnessInputError
+
+CURVE_FILE = "router_curve.json"
+STATIC_NAMES = {"block_bi": "ShortGPT blocks", "unit_bi": "ShortGPT units", "unit_bi_per_byte": "BI per byte",
+                "unit_impact_per_byte": "impact per byte"}
+HEADERS = ("sensitivity", "blocks' worth skipped / token", "router top-1", "router KL", "best static (same bytes)",
+           "router − best static", "random top-1", "measured speed-up", "ideal speed-up", "router ms / token")
+
+
+def load_curve(folder: str | Path) -> dict[str, Any] | None:
+    """``folder/router_curve.json``, or None when there is none; a damaged file is an error."""
+    path = Path(folder) / CURVE_FILE
+    if not path.is_file():
+        return None
+    try:
+        curve = json.loads(path.read_text())
+        if not isinstance(curve.get("held_out"), list):
+            raise ValueError("no held_out list")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise HarnessInputError(f"{path}: not a router curve from scripts/measure_router_curve.py ({exc})") from exc
+    return curve
+
+
+def curve_title(curve: Mapping[str, Any]) -> str:
+    return (f"Unit router vs static and random removal at equal weight bytes ({curve.get('model', '?')}, "
+            f"{curve.get('held_out_prompts', '?')} held-out prompts x {curve.get('tokens', '?')} tokens, "
+            f"{curve.get('kernel', '?')} kernel, {curve.get('threads', '?')} thread(s))")
+
+
+def curve_rows(curve: Mapping[str, Any]) -> list[list[str]]:
+    """One row per measured sensitivity, shallow to deep; speed columns where it was timed."""
+    speed = {round(p["sensitivity"], 6): p for p in curve.get("speed", [])}
+    rows = []
+    for r in sorted(curve["held_out"], key=lambda r: r["router"]["blocks_worth"]):
+        rp = r["router"]
+        best = r["best_static"]
+        sp = speed.get(round(rp["sensitivity"], 6))
+        rows.append([
+            f"{rp['sensitivity']:.3f}", f"{rp['blocks_worth']:.2f}", f"{rp['top1']:.3f}", f"{rp['kl']:.3f}",
+            f"{r['static'][best]['top1']:.3f} ({STATIC_NAMES.get(best, best)})",
+            f"{100 * r['router_minus_best_static_top1']:+.1f} pts", f"{r['random']['top1']:.3f}",
+            "—" if sp is None else f"{sp['speedup']:.2f}× [{sp['speedup_lo']:.2f}, {sp['speedup_hi']:.2f}]",
+            "—" if sp is None else f"{sp['ideal_speedup']:.2f}×",
+            f"{rp['router_ms_per_token']:.2f}",
+        ])
+    return rows
+
+
+def curve_note(curve: Mapping[str, Any]) -> str:
+    return (f"Measured by `{curve.get('command', 'scripts/measure_router_curve.py')}`. Static and random rows are "
+            "interpolated between whole-unit budgets at the router's measured bytes; speed-ups are interleaved "
+            f"ratios to pruning off. {curve.get('load_note', '')}").strip()
