@@ -146,7 +146,7 @@ def _kl(ref_logp: torch.Tensor, logits: torch.Tensor) -> float:
     return float((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean())
 
 
-def _fit_low_rank(x: torch.Tensor, y: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def fit_low_rank(x: torch.Tensor, y: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Reduced-rank ridge regression y ~ x @ down @ up (least squares, then the top-r fitted directions)."""
     x64, y64 = x.double(), y.double()
     D = x64.shape[1]
@@ -209,7 +209,7 @@ def calibrate(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int |
         for layer in range(L):
             xs = torch.cat([h[layer][0] for h in hiddens])
             ys = torch.cat([h[layer + 1][0] - h[layer][0] for h in hiddens])
-            down, up = _fit_low_rank(xs, ys, rank)
+            down, up = fit_low_rank(xs, ys, rank)
             maps[f"{layer}.down"], maps[f"{layer}.up"] = down, up
             kl_id, kl_lin = [], []
             for hid, S in zip(hiddens, prompt_lens):

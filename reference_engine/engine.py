@@ -241,10 +241,11 @@ class Engine:
             if cfg.static_attn_bypass or cfg.static_mlp_bypass:  # per-unit static removal
                 static_attn = [k and i not in cfg.static_attn_bypass for i, k in enumerate(static_keep)]
                 static_mlp = [k and i not in cfg.static_mlp_bypass for i, k in enumerate(static_keep)]
-        unit_bytes, block_bytes = self.unit_bytes()
         unit = prunes_unit = cfg.prunes and cfg.mode == "lossy" and cfg.router == "unit"
+        unit = unit or static_attn is not None
+        # unit paths bypass with the unit maps and count bytes net of them (unit_predictor.py)
+        unit_bytes, block_bytes = self.unit_bytes() if unit else (None, w.bytes_per_block())
         if static_attn is not None:
-            unit = True
             static_saved = int(sum(unit_bytes[2 * i] for i, k in enumerate(static_attn) if not k) +
                                sum(unit_bytes[2 * i + 1] for i, k in enumerate(static_mlp) if not k))
         hidden: list[torch.Tensor] | None = [] if prunes else None
@@ -464,12 +465,17 @@ class Engine:
                       f_density, watermark_factor(wm), cfg.probe_interval)
 
     def unit_bytes(self) -> tuple[np.ndarray, int]:
-        """Weight bytes a bypass of each unit does not read [2L], and one whole block's bytes."""
+        """Weight bytes a bypass of each unit does not read [2L] (net of the unit's map, where it
+        has one), and one whole block's bytes."""
         from .unit_predictor import unit_bytes
 
         if getattr(self, "_unit_bytes", None) is None:
-            self._unit_bytes = unit_bytes(self.weights)
+            self._unit_bytes = unit_bytes(self.weights, self.unit_maps())
         return self._unit_bytes
+
+    def unit_maps(self) -> list:
+        """Per unit, the low-rank stand-in its bypass takes, or None (identity): the predictor's."""
+        return self.unit_predictor().bypass_maps()
 
     def unit_predictor(self, progress: Callable[[str], None] | None = None, force: bool = False):
         """The unit router's predictor: packaged copy, else cache, else trained now and cached."""
@@ -483,6 +489,7 @@ class Engine:
                              kernel=self.decode_kernel)
             up.save(found, cache_root())
         self._unit_predictor = found
+        self._unit_bytes = None  # net of this predictor's maps
         return found
 
     def _make_unit_router(self, rows: list[PromptRow], cfg: PruningConfig, cal: calib_mod.Calibration):
@@ -508,7 +515,8 @@ class Engine:
         not_done = ~np.array(done)
         if router is None:
             logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
-                                 kernel=self.decode_kernel, keep_attn=static_attn, keep_mlp=static_mlp)
+                                 kernel=self.decode_kernel, keep_attn=static_attn, keep_mlp=static_mlp,
+                                 unit_bypass=self.unit_maps())
             n_units = sum(not k for k in static_attn) + sum(not k for k in static_mlp)
             bytes_saved += np.where(not_done, static_saved, 0)
             units_bypassed += np.where(not_done, n_units, 0)
@@ -518,7 +526,7 @@ class Engine:
         gate = router.plan(active)
         t1 = time.perf_counter()
         logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, stream,
-                             kernel=self.decode_kernel, gate=gate)
+                             kernel=self.decode_kernel, gate=gate, unit_bypass=self.unit_maps())
         t2 = time.perf_counter()
         by, saved = router.after_step()
         bytes_saved += np.where(not_done, saved, 0)

@@ -19,6 +19,13 @@ by a fixed seed into a fitting and a held-out part; the ridge strength is chosen
 part. The result ships as package data (``data/unit_predictor/<sha16>-v<N>.npz``) keyed by the
 weights' sha256; ``rsp-bench calibrate`` rebuilds it.
 
+Unit maps (version 2): each unit also gets a low-rank stand-in fitted by least squares on the
+fitting part, update ~ (h @ down) @ up from the stream h entering the unit (rank ``MAP_RANK``, as
+calibration.py fits whole-block maps). A unit uses its map when that lowers its mean KL on a
+subset of the fitting text, else identity; the KL labels are measured with that choice, so a
+score predicts the cost of the bypass the kernels will actually run. A map's own bytes are read
+when it is used, so ``unit_bytes`` counts them against what the bypass saves.
+
 Also measured here, on the same text: per-unit Block Influence (ShortGPT's 1 - cos(in, out) of
 the attention and of the MLP sublayer), the ranking static per-unit removal uses, and the weight
 bytes a bypass of each unit does not read (``unit_bytes``).
@@ -38,10 +45,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .calibration import atomic_write
-from .model import KVCache, ModelWeights, decode_step, forward_units, prefill
+from .calibration import fit_low_rank, atomic_write
+from .model import BypassMap, KVCache, ModelWeights, decode_step, forward_units, prefill
 
-PREDICTOR_VERSION = 1
+PREDICTOR_VERSION = 2
+MAP_RANK = 32
+MAP_CHOICE_PROMPTS = 8  # fitting prompts on which each unit's map is compared with identity
 SEED = 16
 KL_FLOOR = 1e-4  # nats: per-token KLs below this are noise in fp32; the log target floors there
 CONTINUATION_TOKENS = 40
@@ -102,16 +111,21 @@ TRAIN_PROMPTS = (
 )
 
 
-def unit_bytes(w: ModelWeights) -> tuple[np.ndarray, int]:
+def unit_bytes(w: ModelWeights, maps: "list[BypassMap | None] | None" = None) -> tuple[np.ndarray, int]:
     """Weight bytes per decode token that bypassing each unit does not read ([2L]), and the bytes
     of one whole block (the "block's worth" budgets are counted in). Attention saves its q and o
-    projections (its k/v still run, for the cache); the MLP saves gate, up and down."""
+    projections (its k/v still run, for the cache); the MLP saves gate, up and down. A unit with a
+    map (``maps[u]``) reads the map instead: its bytes are subtracted."""
     d = w.dims
     b = w.blocks[0]
     el = b.wqkv.element_size()
     attn = (d.q_dim * d.hidden + d.hidden * d.q_dim) * el
     mlp = (b.w_gate_up.numel() + b.w_down.numel()) * el
-    return np.array([attn, mlp] * d.n_layers, dtype=np.int64), w.bytes_per_block()
+    saved = np.array([attn, mlp] * d.n_layers, dtype=np.int64)
+    for u, m in enumerate(maps or []):
+        if m is not None:
+            saved[u] -= (m.down.numel() + m.up.numel()) * m.down.element_size()
+    return saved, w.bytes_per_block()
 
 
 @dataclass
@@ -125,10 +139,23 @@ class UnitPredictor:
     block_influence: np.ndarray  # [2L] ShortGPT 1 - cos(in, out) per sublayer, all training positions
     report: dict = field(default_factory=dict)  # Spearman figures, sizes, times, seed
     version: int = PREDICTOR_VERSION
+    map_down: np.ndarray | None = None  # [2L, D, r] float32 (zeros where unused)
+    map_up: np.ndarray | None = None  # [2L, r, D]
+    map_use: np.ndarray | None = None  # [2L] bool: the unit's bypass takes its map
 
     @property
     def n_units(self) -> int:
         return int(self.weight.shape[0])
+
+    def bypass_maps(self) -> "list[BypassMap | None]":
+        """Per unit, its map as the decode kernels take it (``decode_step(unit_bypass=...)``), or
+        None (identity); built once, so the native kernel's pointer arrays are built once too."""
+        if getattr(self, "_maps", None) is None:
+            use = self.map_use if self.map_use is not None else np.zeros(self.n_units, bool)
+            self._maps = [BypassMap(torch.from_numpy(np.ascontiguousarray(self.map_down[u])),
+                                    torch.from_numpy(np.ascontiguousarray(self.map_up[u]))) if use[u] else None
+                          for u in range(self.n_units)]
+        return self._maps
 
     def log_scores(self, x: np.ndarray, unit: int) -> np.ndarray:
         """x [N, D] inputs of ``unit`` -> predicted log nats [N] (what the step computes)."""
@@ -144,8 +171,11 @@ def save(p: UnitPredictor, folder: Path) -> Path:
     path = predictor_path(folder, p.weights_sha256)
     buf = io.BytesIO()
     meta = json.dumps({"version": p.version, "weights_sha256": p.weights_sha256, "report": p.report})
+    # maps stored as float16 (half the package data; a stand-in's last bits do not matter), used as fp32
+    maps = {} if p.map_use is None else {"map_down": p.map_down.astype(np.float16),
+                                         "map_up": p.map_up.astype(np.float16), "map_use": p.map_use}
     np.savez(buf, weight=p.weight.astype(np.float32), bias=p.bias.astype(np.float32), impact=p.impact,
-             block_influence=p.block_influence, meta=np.frombuffer(meta.encode(), dtype=np.uint8))
+             block_influence=p.block_influence, meta=np.frombuffer(meta.encode(), dtype=np.uint8), **maps)
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(buf.getvalue()))
     return path
 
@@ -159,7 +189,9 @@ def load(folder: Path, weights_sha256: str) -> UnitPredictor | None:
         with np.load(path) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             p = UnitPredictor(meta["weights_sha256"], z["weight"].astype(np.float32), z["bias"].astype(np.float32),
-                              z["impact"], z["block_influence"], meta.get("report", {}), meta["version"])
+                              z["impact"], z["block_influence"], meta.get("report", {}), meta["version"],
+                              *((z["map_down"].astype(np.float32), z["map_up"].astype(np.float32),
+                                 z["map_use"].astype(bool)) if "map_use" in z.files else ()))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # damaged: retrained, never trusted
     if p.version != PREDICTOR_VERSION or p.weights_sha256 != weights_sha256:
@@ -222,8 +254,10 @@ class UnitSamples:
 
 
 def collect(w: ModelWeights, sequences: list[tuple[list[int], int]],
-            progress: Callable[[str], None] | None = None) -> UnitSamples:
-    """Measure features and labels on (ids, prompt length) sequences, teacher-forced."""
+            progress: Callable[[str], None] | None = None,
+            maps: "list[BypassMap | None] | None" = None) -> UnitSamples:
+    """Measure features and labels on (ids, prompt length) sequences, teacher-forced; a unit's
+    label is the KL of its bypass with its map ``maps[u]`` where one is given."""
     say = progress or (lambda _m: None)
     L = w.dims.n_layers
     xs: list[list[np.ndarray]] = [[] for _ in range(2 * L)]
@@ -257,12 +291,63 @@ def collect(w: ModelWeights, sequences: list[tuple[list[int], int]],
                     ka = [True] * L
                     km = [True] * L
                     (ka if k == 0 else km)[layer] = False
-                    logits = forward_units(w, seq, S, ka, km, first_layer=layer, h_in=rec["h"][layer][None])
+                    logits = forward_units(w, seq, S, ka, km, first_layer=layer, h_in=rec["h"][layer][None],
+                                           unit_bypass=maps)
                     kl[2 * layer + k].append(_kl_rows(ref_logp[1:], logits[1:]))
             prompt_of.append(np.full(n_dec, p))
             say(f"unit predictor: labels {p + 1}/{len(sequences)}")
     return UnitSamples([np.concatenate(x) for x in xs], np.stack([np.concatenate(k) for k in kl]),
                        np.stack([np.concatenate(q) for q in proxy]), np.concatenate(prompt_of), bi_sum / max(bi_n, 1))
+
+
+def fit_unit_maps(w: ModelWeights, sequences: list[tuple[list[int], int]], rank: int = MAP_RANK,
+                  choice_sequences: int = MAP_CHOICE_PROMPTS,
+                  progress: Callable[[str], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Per unit, a low-rank map of its update from the stream entering it, fitted on the decode
+    positions of ``sequences``; then, on the first ``choice_sequences`` of them, whether the map
+    or identity costs less mean KL when the unit alone is bypassed. Returns down [2L, D, r],
+    up [2L, r, D], use [2L] and the mean KLs both ways."""
+    say = progress or (lambda _m: None)
+    L, D = w.dims.n_layers, w.dims.hidden
+    xs: list[list[torch.Tensor]] = [[] for _ in range(2 * L)]
+    ys: list[list[torch.Tensor]] = [[] for _ in range(2 * L)]
+    with torch.no_grad():
+        for ids, S in sequences:
+            rec: dict = {}
+            forward_units(w, torch.tensor([ids]), S, record=rec)
+            for layer in range(L):
+                h, h_mid, h_out = rec["h"][layer][S:], rec["h_mid"][layer][S:], rec["h"][layer + 1][S:]
+                xs[2 * layer].append(h)
+                ys[2 * layer].append(h_mid - h)
+                xs[2 * layer + 1].append(h_mid)
+                ys[2 * layer + 1].append(h_out - h_mid)
+        down = np.zeros((2 * L, D, rank), np.float32)
+        up = np.zeros((2 * L, rank, D), np.float32)
+        for u in range(2 * L):
+            dn, u_ = fit_low_rank(torch.cat(xs[u]), torch.cat(ys[u]), rank)
+            down[u], up[u] = dn.numpy(), u_.numpy()
+        del xs, ys
+        say("unit predictor: maps fitted")
+        candidate = [BypassMap(torch.from_numpy(down[u]), torch.from_numpy(up[u])) for u in range(2 * L)]
+        kl_id, kl_map = np.zeros(2 * L), np.zeros(2 * L)
+        for i, (ids, S) in enumerate(sequences[:choice_sequences]):
+            say(f"unit predictor: map or identity {i + 1}/{min(choice_sequences, len(sequences))}")
+            seq = torch.tensor([ids])
+            rec = {}
+            ref_logp = torch.log_softmax(forward_units(w, seq, S, record=rec).double(), -1)[1:]
+            for u in range(2 * L):
+                ka, km = [True] * L, [True] * L
+                (ka if u % 2 == 0 else km)[u // 2] = False
+                for store, maps in ((kl_id, None), (kl_map, candidate)):
+                    logits = forward_units(w, seq, S, ka, km, first_layer=u // 2, h_in=rec["h"][u // 2][None],
+                                           unit_bypass=maps)
+                    store[u] += float(_kl_rows(ref_logp, logits[1:]).mean())
+        n = max(min(choice_sequences, len(sequences)), 1)
+        kl_id, kl_map = kl_id / n, kl_map / n
+    use = kl_map < kl_id
+    say(f"unit predictor: maps chosen for {int(use.sum())} of {2 * L} units")
+    return down, up, use, {"map_rank": rank, "map_choice_prompts": n, "map_used_units": int(use.sum()),
+                           "kl_identity_mean": kl_id.tolist(), "kl_map_mean": kl_map.tolist()}
 
 
 def fit_ridge(x: np.ndarray, y: np.ndarray, lam_rel: float) -> tuple[np.ndarray, float]:
@@ -287,10 +372,16 @@ def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | Non
         ids = encode(prompt)
         sequences.append((ids + greedy_continuation(w, ids, continuation_tokens, eos_id, kernel), len(ids)))
         say(f"unit predictor: continuations {i + 1}/{len(prompts)}")
-    samples = collect(w, sequences, progress)
     rng = np.random.default_rng(SEED)
     order = rng.permutation(len(prompts))
     held = set(order[: max(1, len(prompts) // 4)].tolist())
+    fitting = [sq for i, sq in enumerate(sequences) if i not in held]
+    down, up, use, map_report = fit_unit_maps(w, fitting, rank=max(1, min(MAP_RANK, w.dims.hidden // 4)),
+                                              progress=progress)
+    plain_bytes, _ = unit_bytes(w)
+    use &= 2 * down[0].size * 4 < plain_bytes  # a map must cost fewer bytes than the unit it stands in for
+    maps = [BypassMap(torch.from_numpy(down[u]), torch.from_numpy(up[u])) if use[u] else None for u in range(2 * L)]
+    samples = collect(w, sequences, progress, maps)
     is_held = np.array([p in held for p in samples.prompt])
     fit_rows, held_rows = ~is_held, is_held
     target = np.log(samples.kl + KL_FLOOR)
@@ -323,7 +414,9 @@ def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | Non
         "spearman_predicted_vs_kl_within_unit_mean": float(np.mean([spearman(pred_held[u], kl_h[u]) for u in range(2 * L)])),
         "spearman_proxy_vs_kl_within_unit_mean": float(np.mean([spearman(proxy_h[u], kl_h[u]) for u in range(2 * L)])),
         "ridge_lambda_rel": chosen,
+        **map_report,
         "train_seconds": round(time.perf_counter() - t0, 1),
     }
     say(f"unit predictor: done in {report['train_seconds']} s")
-    return UnitPredictor(weights_sha256, weight, bias, impact, samples.block_influence, report)
+    return UnitPredictor(weights_sha256, weight, bias, impact, samples.block_influence, report,
+                         PREDICTOR_VERSION, down, up, use)

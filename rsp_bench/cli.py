@@ -351,14 +351,16 @@ def _configure_calibrate(p: argparse.ArgumentParser) -> None:
 
 def _calibrate_unit_predictor(engine, args: argparse.Namespace) -> None:
     """The unit router's predictor (reference_engine.unit_predictor): loaded, or trained with a
-    progress bar (one tick per prompt continued and per prompt labelled)."""
+    progress bar (one tick per prompt continued, per prompt where maps and identity are compared,
+    and per prompt labelled)."""
     import time
 
     from tqdm import tqdm
 
-    from reference_engine.unit_predictor import TRAIN_PROMPTS
+    from reference_engine.unit_predictor import MAP_CHOICE_PROMPTS, TRAIN_PROMPTS
 
-    bar = None if args.quiet else tqdm(total=2 * len(TRAIN_PROMPTS), desc="unit predictor", file=sys.stderr)
+    bar = None if args.quiet else tqdm(total=2 * len(TRAIN_PROMPTS) + MAP_CHOICE_PROMPTS, desc="unit predictor",
+                                       file=sys.stderr)
     t0 = time.perf_counter()
     pred = engine.unit_predictor(progress=(lambda m: bar.update(1) if "/" in m else None) if bar else None,
                                  force=args.force)

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from reference_engine import Engine  # noqa: E402
 from reference_engine.model import forward_units  # noqa: E402
+from reference_engine.unit_predictor import unit_bytes  # noqa: E402
 from rsp_bench import metrics  # noqa: E402
 from rsp_bench.engines.reference import random_units, shortgpt_units, unit_budget_bracket  # noqa: E402
 
@@ -142,12 +143,20 @@ class Removal:
 
     ``groups``: what is removed, first to last; a group is one unit ([u]) or a whole block
     ([2l, 2l + 1]). Figures at a byte budget interpolate between the two whole-group budgets
-    around it (``rsp_bench.engines.reference.unit_budget_bracket``)."""
+    around it (``rsp_bench.engines.reference.unit_budget_bracket``). Removed units take the same
+    stand-ins the router's do (the unit maps), whole blocks their calibrated block maps."""
 
     def __init__(self, engine: Engine, cases: list[Case], groups: list[list[int]]):
         self.engine, self.cases, self.groups = engine, cases, groups
+        self.whole_blocks = all(len(g) == 2 for g in groups)
         ub, self.block_bytes = engine.unit_bytes()
         self.group_bytes = [int(sum(ub[u] for u in g)) for g in groups]
+        if self.whole_blocks:  # a whole block reads its block map instead of the two unit maps
+            plain, _ = unit_bytes(engine.weights)
+            maps = engine._bypass or [None] * engine.dims.n_layers
+            self.group_bytes = [int(plain[g[0]] + plain[g[1]] - (0 if maps[g[0] // 2] is None else
+                                    4 * (maps[g[0] // 2].down.numel() + maps[g[0] // 2].up.numel())))
+                                for g in groups]
         self.cache: dict[int, tuple[float, float]] = {}
 
     def at_k(self, k: int) -> tuple[float, float]:
@@ -159,7 +168,8 @@ class Removal:
                     (ka if u % 2 == 0 else km)[u // 2] = False
             agree = kl = n = 0.0
             for c in self.cases:
-                cand = forward_units(self.engine.weights, c.seq, len(c.ids), ka, km, self.engine._bypass)
+                cand = forward_units(self.engine.weights, c.seq, len(c.ids), ka, km, self.engine._bypass,
+                                     unit_bypass=None if self.whole_blocks else self.engine.unit_maps())
                 a, k_, m = _quality(c.ref_pass, cand)
                 agree, kl, n = agree + a, kl + k_, n + m
             self.cache[k] = (agree / n, kl / n)

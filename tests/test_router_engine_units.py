@@ -73,6 +73,21 @@ def test_detailed_log_shows_units_and_bytes_add_up(unit_engine):
     assert r.stats["router_time_s"] > 0 and r.stats["router"] == "unit"
 
 
+def test_unit_maps_are_chosen_and_their_bytes_counted(unit_engine):
+    from reference_engine.unit_predictor import unit_bytes
+
+    pred = unit_engine.unit_predictor()
+    maps = pred.bypass_maps()
+    assert len(maps) == 2 * unit_engine.dims.n_layers
+    assert [m is not None for m in maps] == list(pred.map_use)
+    assert len(pred.report["kl_map_mean"]) == len(maps)
+    plain, _ = unit_bytes(unit_engine.weights)
+    net, _ = unit_engine.unit_bytes()
+    for u, m in enumerate(maps):
+        expected = plain[u] - (0 if m is None else 4 * (m.down.numel() + m.up.numel()))
+        assert net[u] == expected > 0
+
+
 def test_static_unit_removal_counts_its_bytes(unit_engine):
     ub, bb = unit_engine.unit_bytes()
     [r] = unit_engine.generate([PROMPT], max_new_tokens=6, mode="static", static_attn_bypass=(2, 3),
