@@ -497,14 +497,16 @@ class Engine:
         ub, bb = self.unit_bytes()
         return UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(pred.bias), ub, bb, len(rows),
                           cfg.sensitivity, cfg.tau0, cfg.blacklist_for(self.dims.n_layers), f_density,
-                          watermark_factor(wm))
+                          watermark_factor(wm), native=self.decode_kernel == "native")
 
     def _unit_step(self, router, static_attn, static_mlp, cache, tok, next_pos, key_valid, stream, active, done,
                    bytes_saved, units_bypassed, executed_trace, detail, detail_lines, step, rows, block_bytes,
                    static_saved) -> torch.Tensor:
         """One decode step with units decided apart: by the unit router (its gate decides inside
         the step) or by fixed per-unit static flags. Updates the per-row byte and unit counts;
-        ``router.time_s`` is this step's router time (plan + after_step + observe)."""
+        ``router.time_s`` is this step's router time (plan + after_step + observe). On the native
+        kernel the router's bookkeeping runs inside the C call (router.native): its time is what the
+        C code measured plus the Python spent here for the router."""
         not_done = ~np.array(done)
         if router is None:
             logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
@@ -513,6 +515,23 @@ class Engine:
             bytes_saved += np.where(not_done, static_saved, 0)
             units_bypassed += np.where(not_done, n_units, 0)
             executed_trace.append(self.dims.n_layers - static_saved / block_bytes)
+            return logits
+        if router.native:
+            t0 = time.perf_counter()
+            gate = router.native_step(active, done, bytes_saved, units_bypassed)
+            t1 = time.perf_counter()
+            pre = (router.entropy.copy(), router.grad.copy()) if detail else None  # logging, not router time
+            t2 = time.perf_counter()
+            # no stream: the C step measures the norms it needs where h is hot
+            logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
+                                 kernel=self.decode_kernel, gate=gate)
+            t3 = time.perf_counter()
+            executed_trace.append(self.dims.n_layers - router.last_step_bytes() / block_bytes)
+            c_time = router.native_time_s()
+            t4 = time.perf_counter()
+            if detail:
+                detail_lines.extend(router.detail_records(router.last, step + 1, pre))
+            router.time_s = (t1 - t0) + (t4 - t3) + c_time
             return logits
         t0 = time.perf_counter()
         gate = router.plan(active)
