@@ -504,11 +504,10 @@ class Engine:
                    static_saved) -> torch.Tensor:
         """One decode step with units decided apart: by the unit router (its gate decides inside
         the step) or by fixed per-unit static flags. Updates the per-row byte and unit counts;
-        ``router.time_s`` is this step's router time (plan + after_step + observe). On the native
-        kernel the router's bookkeeping runs inside the C call (router.native): its time is what the
-        C code measured plus the Python spent here for the router."""
-        not_done = ~np.array(done)
+        ``router.time_s`` is this step's router time (plan + after_step + observe); on the native
+        kernel (router.native) the C call's measured router time plus the Python spent here for it."""
         if router is None:
+            not_done = ~np.array(done)
             logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
                                  kernel=self.decode_kernel, keep_attn=static_attn, keep_mlp=static_mlp)
             n_units = sum(not k for k in static_attn) + sum(not k for k in static_mlp)
@@ -516,23 +515,20 @@ class Engine:
             units_bypassed += np.where(not_done, n_units, 0)
             executed_trace.append(self.dims.n_layers - static_saved / block_bytes)
             return logits
-        if router.native:
+        if router.native:  # plan, decide, observe and count inside the C call
             t0 = time.perf_counter()
             gate = router.native_step(active, done, bytes_saved, units_bypassed)
             t1 = time.perf_counter()
             pre = (router.entropy.copy(), router.grad.copy()) if detail else None  # logging, not router time
-            t2 = time.perf_counter()
-            # no stream: the C step measures the norms it needs where h is hot
             logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
-                                 kernel=self.decode_kernel, gate=gate)
-            t3 = time.perf_counter()
+                                 kernel=self.decode_kernel, gate=gate)  # no stream: C takes the norms it needs
+            t2 = time.perf_counter()
             executed_trace.append(self.dims.n_layers - router.last_step_bytes() / block_bytes)
-            c_time = router.native_time_s()
-            t4 = time.perf_counter()
+            router.time_s = (t1 - t0) + router.native_time_s() + (time.perf_counter() - t2)
             if detail:
                 detail_lines.extend(router.detail_records(router.last, step + 1, pre))
-            router.time_s = (t1 - t0) + (t4 - t3) + c_time
             return logits
+        not_done = ~np.array(done)
         t0 = time.perf_counter()
         gate = router.plan(active)
         t1 = time.perf_counter()
