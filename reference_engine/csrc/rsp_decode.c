@@ -446,6 +446,9 @@ static void router_finish(rsp_router *r, const uint8_t *decisions) {
     r->times[6] += now_s() - t1;
 }
 
+/* One decode step. Returns 0, or a negative code (see above). rs (ABI 3; NULL = no router state):
+ * the unit router's bookkeeping runs in this call too; it needs the gate (log_tau is then written
+ * here, before the first block, from rs) and its batch and block count must match. */
 int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int64_t T, int64_t B,
                     int64_t start, const int64_t *tok, const int64_t *pos, const uint8_t *valid,
                     int64_t valid_stride, const uint8_t *keep_attn, const uint8_t *keep_mlp,
