@@ -14,7 +14,10 @@ against the torch kernel on 57 suite prompts and 16 held-out ones (results/kerne
 the equivalence suite re-checks pruning off against ``transformers`` on every run.
 ``model.decode_step(kernel="torch")`` runs transformers' own kernels. Per-unit flags and the unit
 gate (``model.UnitGate``) are decided inside the same C call; the gate's dot products run on every
-thread from the same data, so decisions and logits are bit-identical at 1 and 2 threads.
+thread from the same data, so decisions and logits are bit-identical at 1 and 2 threads. The unit
+router's per-token bookkeeping can run inside the same call too (``RouterState``, issue 16): its
+thresholds before the blocks, the stream norms, the next-token entropy and the EMA updates after,
+timed in C; the arrays stay the Python ``UnitRouter``'s (numpy, by pointer).
 
 The C source is compiled on first use with the system C compiler (``$CC``, else cc, gcc or clang)
 at ``-O3 -march=native`` with OpenMP when the compiler has it, and cached under the engine's cache
@@ -42,7 +45,7 @@ from typing import Any
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "rsp_decode.c"
-ABI_VERSION = 3
+ABI_VERSION = 4
 BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
 OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 
@@ -62,6 +65,56 @@ class _Model(ctypes.Structure):
                 ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
                 ("attn_norm", _pp), ("wqkv", _pp), ("wo", _pp), ("mlp_norm", _pp), ("w_gate_up", _pp),
                 ("w_down", _pp)]
+
+
+class _Router(ctypes.Structure):
+    # csrc/rsp_decode.c rsp_router, field for field
+    _fields_ = [("B", _i64), ("L", _i64)] + [(n, ctypes.c_double) for n in (
+        "entropy_ref", "ent_alpha", "tau_min", "tau_max", "f_lo", "f_hi", "block_bytes")] + [
+        (n, ctypes.c_void_p) for n in (
+            "inv_grad_ref", "base", "tau_weight", "protect", "active", "row_done", "unit_bytes", "entropy",
+            "grad", "last", "norms", "step_entropy", "bytes_saved", "units_bypassed", "counts", "times")]
+
+
+# (name, dtype, shape as a function of B and L): the arrays rsp_router points into
+ROUTER_ARRAYS = (("inv_grad_ref", "float64", lambda B, L: (L,)), ("base", "float64", lambda B, L: (B,)),
+                 ("tau_weight", "float64", lambda B, L: (2 * L,)), ("protect", "uint8", lambda B, L: (2 * L,)),
+                 ("active", "uint8", lambda B, L: (B,)), ("row_done", "uint8", lambda B, L: (B,)),
+                 ("unit_bytes", "int64", lambda B, L: (2 * L,)), ("entropy", "float64", lambda B, L: (B,)),
+                 ("grad", "float64", lambda B, L: (B, L)), ("last", "uint8", lambda B, L: (2 * L,)),
+                 ("norms", "float64", lambda B, L: (B, L + 1)), ("step_entropy", "float64", lambda B, L: (B,)),
+                 ("bytes_saved", "int64", lambda B, L: (B,)), ("units_bypassed", "int64", lambda B, L: (B,)),
+                 ("counts", "int64", lambda B, L: (5,)), ("times", "float64", lambda B, L: (7,)))
+
+
+class RouterState:
+    """The unit router's state as the C step sees it: a ``rsp_router`` struct pointing into numpy
+    arrays that the caller owns (``arrays``: name -> array, see ROUTER_ARRAYS for names, dtypes and
+    shapes; each must stay the same object, C-contiguous). ``rebind(name, array)`` points a field at
+    another array of the same kind (the engine's per-request counters). Constants are plain floats."""
+
+    def __init__(self, batch: int, n_layers: int, arrays: dict, *, entropy_ref: float, ent_alpha: float,
+                 tau_min: float, tau_max: float, f_lo: float, f_hi: float, block_bytes: float):
+        self.batch, self.n_layers = batch, n_layers
+        self.arrays: dict = {}
+        self.struct = _Router(batch, n_layers, entropy_ref, ent_alpha, tau_min, tau_max, f_lo, f_hi, block_bytes)
+        for name, _, _ in ROUTER_ARRAYS:
+            self.rebind(name, arrays[name])
+        self.ref = ctypes.byref(self.struct)
+
+    def rebind(self, name: str, array) -> None:
+        spec = {n: (d, f) for n, d, f in ROUTER_ARRAYS}.get(name)
+        if spec is None:
+            raise ValueError(f"rsp_router has no array field {name!r}")
+        dtype, shape = spec[0], spec[1](self.batch, self.n_layers)
+        if str(array.dtype) != dtype or tuple(array.shape) != shape or not array.flags.c_contiguous:
+            raise ValueError(f"router array {name} must be {dtype} {shape} C-contiguous, got "
+                             f"{array.dtype} {tuple(array.shape)}")
+        if name in ("entropy", "grad", "last", "norms", "step_entropy", "bytes_saved", "units_bypassed",
+                    "counts", "times") and not array.flags.writeable:
+            raise ValueError(f"router array {name} must be writable")
+        self.arrays[name] = array  # the struct holds a raw pointer: keep the array alive
+        setattr(self.struct, name, array.ctypes.data)
 
 
 _LIB: ctypes.CDLL | None = None
@@ -104,7 +157,8 @@ def library_path(cc: str | None = None) -> Path:
     from .model_loading import cache_root
 
     cc = cc or find_compiler()
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, _compiler_id(cc), " ".join(BASE_FLAGS),
+    headers = [h.read_text() for h in sorted(SOURCE.parent.glob("*.h"))]  # rsp_router.h is part of the source
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *headers, cc, _compiler_id(cc), " ".join(BASE_FLAGS),
                                     repr(OPTIONAL_FLAGS), _cpu_flags()]).encode()).hexdigest()[:16]
     return cache_root() / "native" / f"rsp_decode-{key}.so"
 
@@ -152,7 +206,9 @@ def load_library() -> ctypes.CDLL:
         ctypes.POINTER(_Model), _pp, _pp, _i64, _i64, _i64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
         _i64, ctypes.c_char_p, ctypes.c_char_p, _pp, _pp, ctypes.c_void_p, _pp, _pp, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.rsp_entropy.restype = ctypes.c_int
+    lib.rsp_entropy.argtypes = [ctypes.c_void_p, _i64, _i64, ctypes.c_void_p]
     lib.rsp_gemv.restype = ctypes.c_int
     lib.rsp_gemv.argtypes = [ctypes.c_void_p, _i64, _i64, ctypes.c_void_p, _i64, ctypes.c_void_p, ctypes.c_int]
     _LIB = lib
@@ -276,6 +332,10 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
                              f"{tuple(gate.weight.shape)} and {tuple(gate.log_tau.shape)}")
         g = [_check(gate.weight, "gate weight"), _check(gate.bias, "gate bias"), _check(gate.log_tau, "gate log_tau"),
              _check(gate.scores, "gate scores"), gate.decisions.data_ptr()]
+    rs = getattr(gate, "router_state", None)
+    if rs is not None and (rs.batch != B or rs.n_layers != nw.n_blocks):
+        raise ValueError(f"the router state is for batch {rs.batch} and {rs.n_layers} blocks, the step has "
+                         f"{B} rows and {nw.n_blocks} blocks")
     st = None
     if stream is not None:
         st = _check(stream, "stream")
@@ -286,7 +346,7 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
                              valid.data_ptr(), valid.stride(0), keep_a, keep_m, down, up,
                              ctypes.cast(rank, ctypes.c_void_p) if rank is not None else None, u_down, u_up,
                              ctypes.cast(u_rank, ctypes.c_void_p) if u_rank is not None else None,
-                             *g, st, logits.data_ptr(), torch.get_num_threads())
+                             *g, st, logits.data_ptr(), torch.get_num_threads(), rs.ref if rs is not None else None)
     if rc != 0:
         why = {-1: "bad dimensions or a full KV cache", -2: "out of memory",
                -3: "a token id or position out of range"}.get(rc, "unknown")
@@ -333,3 +393,16 @@ def gemv(weight: torch.Tensor, x: torch.Tensor, threads: int | None = None) -> t
     lib.rsp_gemv(_check(weight, "weight"), N, K, _check(x2, "x"), x2.shape[0], y.data_ptr(),
                  threads or torch.get_num_threads())
     return y
+
+
+def entropy(logits: torch.Tensor):
+    """Next-token entropy in nats [B] (numpy float64) of logits [B, V], computed as the in-step router
+    computes it (tests compare it with numpy)."""
+    import numpy as np
+
+    lib = load_library()
+    z = logits.reshape(-1, logits.shape[-1]).contiguous()
+    out = np.zeros(z.shape[0])
+    if lib.rsp_entropy(_check(z, "logits"), z.shape[0], z.shape[1], out.ctypes.data) != 0:
+        raise ValueError(f"entropy needs logits [B, V] with B, V >= 1, got {tuple(logits.shape)}")
+    return out

@@ -504,16 +504,17 @@ class Engine:
         ub, bb = self.unit_bytes()
         return UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(pred.bias), ub, bb, len(rows),
                           cfg.sensitivity, cfg.tau0, cfg.blacklist_for(self.dims.n_layers), f_density,
-                          watermark_factor(wm))
+                          watermark_factor(wm), native=self.decode_kernel == "native")
 
     def _unit_step(self, router, static_attn, static_mlp, cache, tok, next_pos, key_valid, stream, active, done,
                    bytes_saved, units_bypassed, executed_trace, detail, detail_lines, step, rows, block_bytes,
                    static_saved) -> torch.Tensor:
         """One decode step with units decided apart: by the unit router (its gate decides inside
         the step) or by fixed per-unit static flags. Updates the per-row byte and unit counts;
-        ``router.time_s`` is this step's router time (plan + after_step + observe)."""
-        not_done = ~np.array(done)
+        ``router.time_s`` is this step's router time (plan + after_step + observe); on the native
+        kernel (router.native) the C call's measured router time plus the Python spent here for it."""
         if router is None:
+            not_done = ~np.array(done)
             logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
                                  kernel=self.decode_kernel, keep_attn=static_attn, keep_mlp=static_mlp,
                                  unit_bypass=self.unit_maps())
@@ -522,6 +523,21 @@ class Engine:
             units_bypassed += np.where(not_done, n_units, 0)
             executed_trace.append(self.dims.n_layers - static_saved / block_bytes)
             return logits
+        if router.native:  # plan, decide, observe and count inside the C call
+            t0 = time.perf_counter()
+            gate = router.native_step(active, done, bytes_saved, units_bypassed)
+            t1 = time.perf_counter()
+            pre = (router.entropy.copy(), router.grad.copy()) if detail else None  # logging, not router time
+            logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
+                                 kernel=self.decode_kernel, gate=gate,  # no stream: C takes the norms it needs
+                                 unit_bypass=self.unit_maps())
+            t2 = time.perf_counter()
+            executed_trace.append(self.dims.n_layers - router.last_step_bytes() / block_bytes)
+            router.time_s = (t1 - t0) + router.native_time_s() + (time.perf_counter() - t2)
+            if detail:
+                detail_lines.extend(router.detail_records(router.last, step + 1, pre))
+            return logits
+        not_done = ~np.array(done)
         t0 = time.perf_counter()
         gate = router.plan(active)
         t1 = time.perf_counter()

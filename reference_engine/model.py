@@ -288,6 +288,9 @@ class UnitGate:
     log_tau: Tensor  # [B, 2L]
     scores: Tensor  # [B, 2L], written by the step
     decisions: Tensor  # [2L] uint8, written by the step
+    # decode_native.RouterState or None: the native kernel then also runs the unit router's per-token
+    # bookkeeping (thresholds into log_tau, norms, entropy, EMAs) inside the call; other kernels ignore it
+    router_state: object = None
 
     @classmethod
     def allocate(cls, weight: Tensor, bias: Tensor, batch: int) -> "UnitGate":

@@ -215,11 +215,17 @@ class UnitRouter:
     bytes_u / block_bytes (0.19 for an attention, 0.75 for an MLP here): tau is then read as nats
     per block's worth of weight bytes not read, so a unit goes when its predicted cost per byte
     saved is low, which is what an equal-bytes budget rewards. ``"none"``: one tau for all units.
+
+    ``native=True`` (the native decode kernel): the same per-token bookkeeping (plan, after_step,
+    observe_step) runs inside the C step instead (decode_native.RouterState, set on the gate), over
+    this object's own arrays (entropy, grad, counters), so thresholds(), scores(), detail_records()
+    and the counters read the same numbers; the caller then calls native_step() around the step and
+    skips plan / after_step / observe_step. The torch and numpy kernels keep the Python path.
     """
 
     def __init__(self, calib: RouterCalibration, gate_weight, gate_bias, unit_bytes: np.ndarray,
                  block_bytes: int, batch: int, sensitivity: float, tau0: float, blacklist: frozenset[int],
-                 f_density: np.ndarray, f_watermark: float):
+                 f_density: np.ndarray, f_watermark: float, native: bool = False):
         import torch
 
         from .model import UnitGate
@@ -227,9 +233,11 @@ class UnitRouter:
         L = len(calib.impact)
         self.calib = calib
         self.n_layers = L
-        self.grad = np.tile(calib.grad_ref, (batch, 1))
-        self.entropy = np.full(batch, calib.entropy_ref)
-        self.base = tau0 * f_density * f_watermark * (sensitivity / 0.5)  # [B]
+        # float64, contiguous, updated in place only: the native step holds pointers to them
+        self.grad = np.ascontiguousarray(np.tile(np.asarray(calib.grad_ref, dtype=np.float64), (batch, 1)))
+        self.entropy = np.full(batch, float(calib.entropy_ref))
+        self.base = np.ascontiguousarray(tau0 * np.asarray(f_density, dtype=np.float64) * f_watermark
+                                         * (sensitivity / 0.5))  # [B]
         self.f_density = f_density
         self.f_watermark = f_watermark
         self.protected = np.zeros(2 * L, dtype=bool)
@@ -240,23 +248,86 @@ class UnitRouter:
         self._decisions = self.gate.decisions.numpy()
         self.unit_bytes = np.asarray(unit_bytes, dtype=np.int64)
         self.block_bytes = int(block_bytes)
-        self.last = np.zeros(2 * L, dtype=bool)
-        self.flips = 0
-        self.decisions = 0
-        self.bypassed_bytes = 0  # per row that ran every step; the engine keeps its own per-row count
-        self.tau_weight = (self.unit_bytes / self.block_bytes if UNIT_TAU_WEIGHT == "bytes"
-                           else np.ones(2 * L))  # [2L]
+        self._last = np.zeros(2 * L, dtype=np.uint8)  # the previous step's decisions (flips)
+        # [0] flips, [1] decisions, [2] the latest step's bytes saved, [3] its units, [4] bytes summed
+        # over steps (per row that ran every step; the engine keeps its own per-row count)
+        self._counts = np.zeros(5, dtype=np.int64)
+        self.tau_weight = np.ascontiguousarray(self.unit_bytes / self.block_bytes if UNIT_TAU_WEIGHT == "bytes"
+                                               else np.ones(2 * L))  # [2L]
         self._ent_num = calib.entropy_ref + 0.5
         self._inv_grad_ref = 1.0 / np.maximum(calib.grad_ref, 1e-6)
         self._unit_block = np.repeat(np.arange(L), 2)
         self._protect = np.where(self.protected, -np.inf, 0.0)
         self._lt = np.zeros((batch, 2 * L))
         self.time_s = 0.0  # router time of the latest step (plan + after_step + observe), set by the engine
+        self.native = bool(native)
+        self.state = None
+        if self.native:
+            self._init_native(batch)
 
-    def thresholds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """tau [B, 2L] (nats), f_entropy [B], f_gradient [B, L]."""
-        f_ent = entropy_factor(self.entropy, self.calib.entropy_ref)
-        f_grad = gradient_factor(self.grad, self.calib.grad_ref)
+    def _init_native(self, batch: int) -> None:
+        from . import decode_native
+
+        L = self.n_layers
+        self._active = np.ones(batch, dtype=np.uint8)
+        self._row_done = np.zeros(batch, dtype=np.uint8)
+        self._times = np.zeros(7)  # [0] the latest step's router seconds (C), [1] their sum, [2:] parts
+        arrays = {"inv_grad_ref": np.ascontiguousarray(self._inv_grad_ref, dtype=np.float64), "base": self.base,
+                  "tau_weight": self.tau_weight, "protect": self.protected.astype(np.uint8),
+                  "active": self._active, "row_done": self._row_done, "unit_bytes": self.unit_bytes,
+                  "entropy": self.entropy, "grad": self.grad, "last": self._last,
+                  "norms": np.zeros((batch, L + 1)), "step_entropy": np.zeros(batch),
+                  "bytes_saved": np.zeros(batch, dtype=np.int64), "units_bypassed": np.zeros(batch, dtype=np.int64),
+                  "counts": self._counts, "times": self._times}
+        self.state = decode_native.RouterState(
+            batch, L, arrays, entropy_ref=float(self.calib.entropy_ref), ent_alpha=ENTROPY_EMA_ALPHA,
+            tau_min=TAU_MIN, tau_max=TAU_MAX, f_lo=FACTOR_LO, f_hi=FACTOR_HI, block_bytes=float(self.block_bytes))
+        self.gate.router_state = self.state
+        self._bound = None  # the engine's per-row counters the state writes into
+        self._active_src = None
+
+    # the counters, kept in one int64 array the native step also writes
+    flips = property(lambda self: int(self._counts[0]), lambda self, v: self._counts.__setitem__(0, v))
+    decisions = property(lambda self: int(self._counts[1]), lambda self, v: self._counts.__setitem__(1, v))
+    bypassed_bytes = property(lambda self: int(self._counts[4]), lambda self, v: self._counts.__setitem__(4, v))
+
+    @property
+    def last(self) -> np.ndarray:
+        """The latest step's decisions [2L] (bool)."""
+        return self._last.astype(bool)
+
+    def native_step(self, active: np.ndarray, done: list[bool], bytes_saved: np.ndarray,
+                    units_bypassed: np.ndarray):
+        """Before a native step: point the C state at the engine's per-row counters (int64 [B], added
+        to for rows not done) and this request's active rows, and return the gate to pass to
+        model.decode_step. The C call plans, decides, observes and counts; afterwards
+        ``last_step_bytes()`` and ``native_time_s()`` read what it did."""
+        if self._bound is not bytes_saved:
+            self.state.rebind("bytes_saved", bytes_saved)
+            self.state.rebind("units_bypassed", units_bypassed)
+            self._bound = bytes_saved
+        if self._active_src is not active:
+            self._active[:] = active
+            self._active_src = active
+        if True in done:  # rows only ever finish: the copy is paid after the first one does
+            self._row_done[:] = done
+        return self.gate
+
+    def last_step_bytes(self) -> int:
+        """Weight bytes the latest step did not read (per row)."""
+        return int(self._counts[2])
+
+    def native_time_s(self) -> float:
+        """Router seconds the C step measured in its latest call (plan, gate, norms, entropy, observe)."""
+        return float(self._times[0])
+
+    def thresholds(self, state: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """tau [B, 2L] (nats), f_entropy [B], f_gradient [B, L]; from ``state`` = (entropy, grad) when
+        given (a snapshot taken before a native step, which updates both inside the call)."""
+        entropy, grad = (self.entropy, self.grad) if state is None else state
+        f_ent = entropy_factor(entropy, self.calib.entropy_ref)
+        f_grad = gradient_factor(grad, self.calib.grad_ref)
         tau = np.clip(self.base[:, None] * f_ent[:, None] * f_grad, TAU_MIN, TAU_MAX)
         return np.clip(np.repeat(tau, 2, axis=1) * self.tau_weight, TAU_MIN, TAU_MAX), f_ent, f_grad
 
@@ -279,11 +350,13 @@ class UnitRouter:
     def after_step(self) -> tuple[np.ndarray, int]:
         """What the step decided: bypassed units [2L] (bool) and the weight bytes not read per row."""
         by = self._decisions.astype(bool)
-        self.flips += int((by != self.last).sum())
-        self.decisions += by.size
-        self.last = by
         saved = int(self.unit_bytes[by].sum())
-        self.bypassed_bytes += saved
+        c = self._counts
+        c[0] += int((by != self._last.astype(bool)).sum())
+        c[1] += by.size
+        c[2], c[3] = saved, int(by.sum())
+        c[4] += saved
+        self._last[:] = by
         return by, saved
 
     def scores(self) -> np.ndarray:
@@ -294,7 +367,7 @@ class UnitRouter:
         """Fold in the step's stream norms [B, L+1] and entropy [B]; ``ran`` [L]: blocks where a unit ran."""
         grad = np.abs(np.log(np.maximum(norms[:, 1:], 1e-9)) - np.log(np.maximum(norms[:, :-1], 1e-9)))
         self.grad[:, ran] = grad[:, ran]
-        self.entropy = ENTROPY_EMA_ALPHA * entropy + (1 - ENTROPY_EMA_ALPHA) * self.entropy
+        self.entropy[:] = ENTROPY_EMA_ALPHA * entropy + (1 - ENTROPY_EMA_ALPHA) * self.entropy  # in place
 
     def observe_step(self, stream, logits, bypassed: np.ndarray) -> None:
         """Fold in a finished step: ``stream`` [L+1, B, D] and ``logits`` [B, V] (torch, CPU),
@@ -316,10 +389,12 @@ class UnitRouter:
             entropy[b] = np.log(total) - float(e[b] @ shifted[b]) / total  # nats, -sum p log p
         self.observe(norms, None, entropy, ~(bypassed[0::2] & bypassed[1::2]))
 
-    def detail_records(self, bypassed: np.ndarray, token: int) -> list[str]:
+    def detail_records(self, bypassed: np.ndarray, token: int,
+                       state: tuple[np.ndarray, np.ndarray] | None = None) -> list[str]:
         """DETAILED log lines for the step just run: one per row and unit, with its predicted cost
-        (nats), threshold, the four factors, the bytes it saved and the decision."""
-        tau, f_ent, f_grad = self.thresholds()
+        (nats), threshold, the four factors, the bytes it saved and the decision. ``state``: the
+        (entropy, grad) the step planned from, when it has already folded in its own observation."""
+        tau, f_ent, f_grad = self.thresholds(state)
         scores = self.scores()
         lines = []
         for b in range(scores.shape[0]):

@@ -19,14 +19,19 @@
  * the stream entering it (unit_down / unit_up / unit_rank, [2L] each, NULL entries for none). When
  * unit maps are given they replace the whole-block map in the unit path.
  *
+ * Router state (ABI 4): with an rsp_router (rsp_router.h, included below) the unit router's
+ * thresholds, norms, entropy and counters are computed in this call too, and timed.
+ *
  * Weights are row-major [N, K] (y = W x), contiguous. The KV cache is [B, KV, T, hd] per layer.
  * Built by decode_native.py with the system C compiler; -march=native picks AVX-512 or AVX2 paths,
  * anything else takes the portable loop.
  */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime under -std=c11 */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -42,7 +47,7 @@ typedef struct {
         *const *w_down;
 } rsp_model;
 
-int rsp_abi_version(void) { return 3; }
+int rsp_abi_version(void) { return 4; }
 
 int rsp_simd_width(void) {
 #if defined(__AVX512F__)
@@ -227,19 +232,25 @@ static void fixed_off(int64_t u, int64_t U, int64_t B, int tid, float *scores, u
     if (decisions) decisions[u] = 1;
 }
 
+#include "rsp_router.h" /* the unit router inside the step (ABI 4) */
+
+/* One decode step. Returns 0, or a negative code (see above). rs (ABI 4; NULL = no router state):
+ * the unit router's bookkeeping runs in this call too; it needs the gate (log_tau is then written
+ * here, before the first block, from rs) and its batch and block count must match. */
 int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int64_t T, int64_t B,
                     int64_t start, const int64_t *tok, const int64_t *pos, const uint8_t *valid,
                     int64_t valid_stride, const uint8_t *keep_attn, const uint8_t *keep_mlp,
                     const float *const *byp_down, const float *const *byp_up, const int64_t *byp_rank,
                     const float *const *unit_down, const float *const *unit_up, const int64_t *unit_rank,
                     const float *gate_w, const float *gate_b, const float *log_tau, float *gate_scores,
-                    uint8_t *gate_decisions, float *stream, float *logits, int nthreads) {
+                    uint8_t *gate_decisions, float *stream, float *logits, int nthreads, rsp_router *rs) {
     const int64_t L = m->n_layers, D = m->D, F = m->F, H = m->H, KV = m->KV, hd = m->hd, V = m->V;
     const int64_t qd = H * hd, kvd = KV * hd, QW = qd + 2 * kvd, G = H / KV, end = start + 1;
     const float eps = m->eps, scale = (float)(1.0 / sqrt((double)hd));
     const int64_t U = 2 * L;
     const int gated = gate_w != NULL && gate_b != NULL && log_tau != NULL;
     if (hd > 512 || G * KV != H || start < 0 || end > T || B < 1) return -1;
+    if (rs && (!gated || !gate_decisions || rs->B != B || rs->L != L)) return -1;
     for (int64_t b = 0; b < B; b++)
         if (tok[b] < 0 || tok[b] >= V || pos[b] < 0 || pos[b] >= m->max_positions) return -3;
     int64_t rmax = 0;
@@ -254,8 +265,15 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
     float *gu = malloc(sizeof(float) * (size_t)(B * 2 * F));
     float *act = malloc(sizeof(float) * (size_t)(B * F));
     float *low = malloc(sizeof(float) * (size_t)(B * (rmax > 0 ? rmax : 1)));
+    double router_before = 0.0;
     int rc = 0;
-    if (!h || !qkv || !attn || !gu || !act || !low) {
+    if (rs) {
+        for (int i = 2; i <= 6; i++) router_before += rs->times[i];
+        double t0 = now_s();
+        router_plan(rs, (float *)log_tau);
+        rs->times[2] += now_s() - t0;
+    }
+    if (!h || !qkv || !attn || !gu || !act || !low ) {
         rc = -2;
         goto done;
     }
@@ -281,10 +299,11 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             int run = keep_attn == NULL || keep_attn[l];
             float *K = kc[l], *Vc = vc[l];
             if (rc == 0) rms(h, m->attn_norm[l], B, D, eps, xn);
+            if (rs && tid == 0 && rc == 0) router_norms(rs, h, l, D);
             if (gated) {
                 if (!run) fixed_off(2 * l, U, B, tid, gate_scores, gate_decisions);
-                else if (rc == 0 && gate_bypass(gate_w, gate_b, log_tau, 2 * l, U, xn, B, D, tid, gate_scores,
-                                                gate_decisions)) run = 0;
+                else if (rc == 0 && gate_timed(rs, tid, gate_w, gate_b, log_tau, 2 * l, U, xn, B, D, gate_scores,
+                                               gate_decisions)) run = 0;
             }
             if (run) {
                 share(QW, tid, nt, &a, &e);
@@ -356,8 +375,8 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             if (rc == 0) rms(h, m->mlp_norm[l], B, D, eps, xn);
             if (gated) {
                 if (!run_m) fixed_off(2 * l + 1, U, B, tid, gate_scores, gate_decisions);
-                else if (rc == 0 && gate_bypass(gate_w, gate_b, log_tau, 2 * l + 1, U, xn, B, D, tid, gate_scores,
-                                                gate_decisions)) run_m = 0;
+                else if (rc == 0 && gate_timed(rs, tid, gate_w, gate_b, log_tau, 2 * l + 1, U, xn, B, D, gate_scores,
+                                               gate_decisions)) run_m = 0;
             }
             if (!run_m) {
 #pragma omp barrier
@@ -394,15 +413,31 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             }
 #pragma omp barrier
         }
+        if (rs && tid == 0 && rc == 0) router_norms(rs, h, L, D);
         if (rc == 0) {
             rms(h, m->final_norm, B, D, eps, xn);
             share(V, tid, nt, &a, &e);
             gemv_rows(m->lm_head, D, a, e, xn, D, B, logits, V, 0);
         }
+        if (rs) { /* the same for every thread: the barrier is met by all */
+#pragma omp barrier
+            if (tid == 0 && rc == 0) { /* every row's logits are in */
+                const double te = now_s();
+                entropy_rows(logits, B, V, rs->step_entropy);
+                rs->times[5] += now_s() - te;
+                router_finish(rs, gate_decisions);
+            }
+        }
         free(xn);
         free(sc);
     }
 done:
+    if (rs) {
+        double after = 0.0;
+        for (int i = 2; i <= 6; i++) after += rs->times[i];
+        rs->times[0] = after - router_before;
+        rs->times[1] += rs->times[0];
+    }
     free(h);
     free(qkv);
     free(attn);
