@@ -337,7 +337,10 @@ def gemv(weight: torch.Tensor, x: torch.Tensor, threads: int | None = None) -> t
 
 def _verify_fn(lib: ctypes.CDLL):
     """rsp_verify_step with its ctypes declaration (set once, on first use)."""
-    fn = lib.rsp_verify_step
+    try:
+        fn = lib.rsp_verify_step
+    except AttributeError as exc:  # cannot happen with a library built from this source (keyed by its hash)
+        raise NativeKernelUnavailable("the native kernel library has no rsp_verify_step (stale build)") from exc
     if fn.argtypes is None:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(_Model), _pp, _pp, _i64, _i64, _i64, ctypes.c_void_p, ctypes.c_void_p,
