@@ -406,3 +406,61 @@ def entropy(logits: torch.Tensor):
     if lib.rsp_entropy(_check(z, "logits"), z.shape[0], z.shape[1], out.ctypes.data) != 0:
         raise ValueError(f"entropy needs logits [B, V] with B, V >= 1, got {tuple(logits.shape)}")
     return out
+
+
+def _verify_fn(lib: ctypes.CDLL):
+    """rsp_verify_step with its ctypes declaration (set once, on first use)."""
+    try:
+        fn = lib.rsp_verify_step
+    except AttributeError as exc:  # cannot happen with a library built from this source (keyed by its hash)
+        raise NativeKernelUnavailable("the native kernel library has no rsp_verify_step (stale build)") from exc
+    if fn.argtypes is None:
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(_Model), _pp, _pp, _i64, _i64, _i64, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_int]
+    return fn
+
+
+def verify_native(w: Any, cache: Any, token_ids: list[int], start: int, key_valid: torch.Tensor) -> torch.Tensor:
+    """Lossless mode's verify pass in one C call: every block over ``token_ids`` (the current token
+    and the drafts) at cache positions start.. (batch 1, RoPE position = cache position, causal over
+    the valid cache). Writes the K/V of all S positions and sets ``cache.length = start + S`` (the
+    caller rolls back past rejections, as after ``speculative.verify_forward``); returns logits [S, V].
+
+    Bit-identical to S calls of ``decode_step_native`` on the same tokens (logits and K/V, any thread
+    count): the kernel computes each row as the single-token step does, only streaming each weight
+    matrix once for all S rows (csrc/rsp_decode.c, rsp_verify_step).
+    """
+    lib = load_library()
+    nw = native_weights(w)
+    nc = _native_cache(cache)
+    S = len(token_ids)
+    if S < 1:
+        raise ValueError("verify_native needs at least one token (the current one), got none")
+    if nc.batch != 1:
+        raise ValueError(f"verify_native runs batch 1; the KV cache holds {nc.batch} rows")
+    if not isinstance(start, int) or start < 0 or start + S > nc.capacity:
+        raise ValueError(f"verify_native: start {start!r} + {S} positions does not fit the KV cache "
+                         f"(capacity {nc.capacity})")
+    if start + S > w.rope_cos.shape[0]:
+        raise ValueError(f"verify_native: positions up to {start + S - 1} exceed the model's "
+                         f"{w.rope_cos.shape[0]} positions")
+    bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < w.dims.vocab]
+    if bad:
+        raise ValueError(f"verify_native: token id {bad[0]!r} is out of range [0, {w.dims.vocab})")
+    if key_valid.dim() != 2 or key_valid.shape[0] != 1 or key_valid.shape[1] < start + S:
+        raise ValueError(f"verify_native: key_valid must be [1, >= {start + S}], got {tuple(key_valid.shape)}")
+    valid = key_valid[0]
+    if valid.dtype != torch.bool or not valid.is_contiguous():
+        valid = valid.to(torch.bool).contiguous()
+    tok = torch.tensor(token_ids, dtype=torch.int64)
+    logits = torch.empty(S, w.dims.vocab)
+    rc = _verify_fn(lib)(nw.ref, nc.k, nc.v, nc.capacity, start, S, tok.data_ptr(), valid.data_ptr(),
+                         logits.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        why = {-1: "bad dimensions or a full KV cache", -2: "out of memory",
+               -3: "a token id or position out of range"}.get(rc, "unknown")
+        raise ValueError(f"native verify pass failed (code {rc}: {why}; tokens {token_ids}, "
+                         f"start {start}, cache capacity {nc.capacity})")
+    cache.length = start + S
+    return logits

@@ -12,8 +12,9 @@ decode kernel, exactly what mode "off" runs) or drafts k tokens and checks them 
   non-blacklisted blocks (with their bypass maps), writing K/V into the very cache positions the
   verify pass then overwrites, so it needs no second cache. Its plan (calibration) and the
   protective-degradation checks run only when the cost model first wants a pruned draft.
-- **Verify.** ``verify_forward`` runs every block over [current token, d1..dk] at
-  start = cache.length, causal over the cache. Accepted: the longest prefix of drafts equal to
+- **Verify.** One pass runs every block over [current token, d1..dk] at start = cache.length,
+  causal over the cache: on the native decode kernel ``decode_native.verify_native`` (one C call,
+  exact: see below), on the torch / numpy kernels ``verify_forward`` (torch products, certified). Accepted: the longest prefix of drafts equal to
   the verifier's argmax, plus the verifier's own next token. Rollback is ``cache.length = ...``:
   attention reads only [:length], and the next pass overwrites the stale positions.
 - **Adaptive.** Acceptance per source is a decayed count of successes and failures pulled towards
@@ -22,15 +23,20 @@ decode kernel, exactly what mode "off" runs) or drafts k tokens and checks them 
   and of a pruned draft step, both in plain steps. Each step takes the (source, k) maximising
   expected tokens per unit time, (1 - a^(k+1)) / (1 - a) / (k * draft_cost + verify_cost(k+1)),
   and runs a plain step unless that beats 1 by ``min_gain``: lossless is then plain decoding
-  plus a few probes. Measured on SmolLM2-135M, 1 CPU core: a 2-position pass costs ~1.35 plain
-  steps, 5 positions ~1.7, 13 ~2.4; a pruned draft step ~0.8 (the LM head is 21% of a step) at
-  ~75% acceptance never pays, so prompt lookup carries the speed-up there.
-- **Cheap verify arithmetic.** ``F.linear`` on 2..13 rows made MKL pack each weight matrix (a
-  2-row pass cost ~1.8 plain steps) and SDPA with a mask took its slow math path (~25% of a
-  step): the verify pass writes its products as ``weight @ x^T`` and groups the query heads that
-  share a K/V head into three small batched products instead.
+  plus a few probes. Measured on SmolLM2-135M, 1 shared CPU core, in plain steps of the same
+  kernel: the native pass ~1.0 at 2 positions, 1.1 at 4, 1.4 at 8, 1.9 at 13 (against native
+  steps); the torch pass (``verify_torch``) ~1.35 at 2, 1.7 at 5, 2.4 at 13 (against torch
+  steps). A pruned draft step ~0.8 (the LM head is 21% of a step) at ~75% acceptance never pays,
+  so prompt lookup carries the speed-up.
 
-Exactness: a margin certificate. The verify pass multiplies matrices where decode multiplies a
+Exactness on the native kernel: by construction. ``verify_native`` computes every row with the
+same code and summation order as the native single-token step (each weight matrix is only streamed
+once for all S rows), so its logits and the K/V it writes are bit-identical to S native decode
+steps (tests/test_verify_native.py, tiny and real model, 1 and 2 threads). An accepted token is
+then exactly the one mode "off" chooses, the cache stays clean, and no certificate is needed:
+``margin_eps`` applies to the torch verify only (``DraftPolicy.verify="torch"`` forces it).
+
+Exactness on the torch verify: a margin certificate. The verify pass multiplies matrices where decode multiplies a
 matrix by a vector; MKL rounds them differently (~1e-6 per product, never bit-equal here), and the
 K/V a verify pass leaves behind carries that into every later token, so verifier logits are the
 off path's plus a small perturbation and a near-tie could flip. Identical arithmetic was measured
@@ -66,11 +72,12 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
 from .config import PruningConfig
+from .decode_native import verify_native
 from .generation import GenerationResult, PromptRow, check_rows_fit
-from .model import BlockWeights, KVCache, ModelDims, ModelWeights, apply_rope, decode_step, prefill, rms_norm
+from .model import KVCache, ModelWeights, decode_step, prefill
+from .verify_torch import verify_forward
 
 if TYPE_CHECKING:
     from .engine import Engine  # annotations only: no run-time import of engine.py
@@ -95,7 +102,8 @@ class DraftPolicy:
     "lookup3", "lookup2", "lookup1": a fresh n-gram match, "pruned"), worth ``prior_weight``
     observations. force: "lookup" or "pruned" drafts from that source at its longest length on
     every step it can, ignoring the cost model (tests).
-    margin_eps: the certificate threshold (logits). draft_keep: a fixed keep plan for the pruned
+    margin_eps: the torch verify's certificate threshold (logits). verify: "native" (exact C pass,
+    needs the native decode kernel), "torch", or None (native when the engine decodes natively). draft_keep: a fixed keep plan for the pruned
     draft instead of the calibrated one (needs no calibration; skips the degradation checks).
     learn_priors: a request's prior acceptance per source is the engine's recent acceptance
     (seeded by ``priors``) rather than ``priors`` itself.
@@ -116,18 +124,32 @@ class DraftPolicy:
     margin_eps: float = MARGIN_EPS
     draft_keep: list[bool] | None = None
     learn_priors: bool = True
+    verify: str | None = None
 
 
 class _Costs:
     """Measured step costs of one engine, shared by its calls (wall-clock EMAs, in plain steps)."""
 
     def __init__(self, max_positions: int = 64) -> None:
-        self.t_plain: float | None = None  # seconds per plain full-model step
-        # verify[S]: an S-position verify pass in plain steps. Prior: measured on 1 CPU core with
-        # SmolLM2-135M (the multi-row products cost a step-up at S=2, then little per position).
-        self.verify = [1.0, 1.0] + [1.3 + 0.1 * (S - 2) for S in range(2, max_positions + 1)]
-        self.pruned: float | None = None  # one pruned draft step
+        self.max_positions = max_positions
+        self.kind: str | None = None  # (decode kernel, verify) the timings below belong to
         self.acceptance: dict[str, _Acceptance] = {}  # per source, across requests
+        self.use("torch/torch")
+
+    def use(self, kind: str) -> None:
+        """Time EMAs belong to one (decode kernel, verify) pair: a new pair starts from its prior
+        (acceptance does not depend on the kernels and is kept)."""
+        if kind == self.kind:
+            return
+        self.kind = kind
+        self.t_plain: float | None = None  # seconds per plain full-model step
+        # verify[S]: an S-position verify pass in plain steps. Priors measured with SmolLM2-135M on
+        # 1 shared CPU core: the torch pass costs a step-up at S=2 (1.3), then ~0.1 per position;
+        # the native pass ~1.0 at S=2, 1.1 at 4, 1.4 at 8, 1.9 at 13 (its compute grows with S).
+        native = kind.endswith("/native")
+        self.verify = [1.0, 1.0] + [1.0 + 0.075 * (S - 2) if native else 1.3 + 0.1 * (S - 2)
+                                    for S in range(2, self.max_positions + 1)]
+        self.pruned: float | None = None  # one pruned draft step
 
     def engine_prior(self, name: str, prior: float, weight: float) -> "_Acceptance":
         if name not in self.acceptance:
@@ -246,68 +268,16 @@ class NgramIndex:
         return None if j is None else self.copy(j, k)
 
 
-def _lin(x: Tensor, weight: Tensor) -> Tensor:
-    """x [S, D] times weight [N, D] transposed, as weight @ x^T.
-
-    Why not F.linear: for 2..13 rows MKL's GEMM path packs each weight matrix first, nearly
-    doubling a verify pass (~1.8 plain steps at 2 positions). As weight @ x^T (tall and skinny)
-    the product streams the weight about as decode does. x must be row-major: elementwise ops on
-    the transposed result come out column-major, and that layout made the down projection 3x
-    slower.
-    """
-    return (weight @ x.contiguous().t()).t()
-
-
-def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
-    """Grouped-query attention of q [H, S, hd] over k, v [KV, T, hd] with an additive bias [S, T].
-
-    Why not SDPA: with an explicit mask the CPU SDPA takes its math path, which repeats K/V for
-    every query head and cost ~25% of a plain step here; grouping the queries that share a K/V
-    head is three small batched products.
-    """
-    H, S, hd = q.shape
-    KV, T, _ = k.shape
-    G = H // KV
-    scores = (q.reshape(KV, G * S, hd) @ k.transpose(1, 2)) * hd ** -0.5
-    probs = torch.softmax(scores.view(KV, G, S, T) + bias, dim=-1)
-    return (probs.view(KV, G * S, T) @ v).view(H, S, hd)
-
-
-def _verify_block(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int, x: Tensor, start: int,
-                  cos: Tensor, sin: Tensor, bias: Tensor) -> Tensor:
-    """model.block_forward for batch 1, x [S, D], with its products written as ``_lin``."""
-    S = x.shape[0]
-    qkv = _lin(rms_norm(x, blk.attn_norm, dims.rms_eps), blk.wqkv)
-    q, k, v = qkv.split((dims.q_dim, dims.kv_dim, dims.kv_dim), dim=-1)
-    q = apply_rope(q.reshape(S, dims.n_heads, dims.head_dim).transpose(0, 1), cos, sin)
-    k = apply_rope(k.reshape(S, dims.n_kv_heads, dims.head_dim).transpose(0, 1), cos, sin)
-    v = v.reshape(S, dims.n_kv_heads, dims.head_dim).transpose(0, 1)
-    end = start + S
-    cache.k[layer][0, :, start:end] = k
-    cache.v[layer][0, :, start:end] = v
-    attn = _attend(q, cache.k[layer][0, :, :end], cache.v[layer][0, :, :end], bias)
-    h = x + _lin(attn.transpose(0, 1).reshape(S, dims.q_dim), blk.wo)
-    gate, up = _lin(rms_norm(h, blk.mlp_norm, dims.rms_eps), blk.w_gate_up).chunk(2, dim=-1)
-    return h + _lin(F.silu(gate) * up, blk.w_down)
-
-
-def verify_forward(w: ModelWeights, cache: KVCache, token_ids: list[int], start: int,
-                   key_valid: Tensor) -> Tensor:
-    """Every block over ``token_ids`` at cache positions start.. (batch 1); logits [S, V].
-
-    Writes the K/V of all S positions; the caller rolls ``cache.length`` back past rejections.
-    """
-    S = len(token_ids)
-    pos = torch.arange(start, start + S)
-    h = F.embedding(torch.tensor(token_ids), w.embed)
-    cos, sin = w.rope_cos[pos], w.rope_sin[pos]
-    keys = torch.arange(start + S)
-    hidden = (keys[None, :] > pos[:, None]) | ~key_valid[0, :start + S]  # future or padding
-    bias = torch.zeros(S, start + S).masked_fill_(hidden, float("-inf"))
-    for layer, blk in enumerate(w.blocks):
-        h = _verify_block(blk, w.dims, cache, layer, h, start, cos, sin, bias)
-    cache.length = start + S
-    return _lin(rms_norm(h, w.final_norm, w.dims.rms_eps), w.lm_head)
+def verify_kind(policy: DraftPolicy, decode_kernel: str) -> str:
+    """Which verify pass lossless mode runs: "native" (exact) or "torch" (certified)."""
+    kind = policy.verify or ("native" if decode_kernel == "native" else "torch")
+    if kind not in ("native", "torch"):
+        raise ValueError(f"DraftPolicy.verify must be None, 'native' or 'torch', got {policy.verify!r}")
+    if kind == "native" and decode_kernel != "native":
+        # Exact only against native plain steps: other kernels round differently.
+        raise ValueError(f"DraftPolicy.verify='native' needs the native decode kernel; the engine's is "
+                         f"{decode_kernel!r}")
+    return kind
 
 
 def draft_plan(engine: "Engine", cfg: PruningConfig) -> list[bool]:
@@ -340,6 +310,8 @@ class _RowDecoder:
     def __init__(self, engine: "Engine", row: "PromptRow", max_new: int, policy: DraftPolicy, cfg: PruningConfig,
                  costs: _Costs, detail: list[str] | None, request: int) -> None:
         self.engine, self.w, self.policy, self.cfg, self.costs = engine, engine.weights, policy, cfg, costs
+        self.exact_verify = verify_kind(policy, engine.decode_kernel) == "native"
+        self.verify = verify_native if self.exact_verify else verify_forward
         self.row, self.detail, self.request = row, detail, request
         ids = row.ids
         self.P, self.max_new = len(ids), max_new
@@ -465,10 +437,14 @@ class _RowDecoder:
             drafts = self.index.copy(src, k + 1)
             follow, drafts = drafts[k], drafts[:k]
         t0 = time.perf_counter()
-        logits = verify_forward(self.w, self.cache, [self.out[-1]] + drafts, start, self.key_valid)
-        top = logits.topk(2, dim=-1)
-        best = top.indices[:, 0].tolist()
-        safe = ((top.values[:, 0] - top.values[:, 1]) >= self.policy.margin_eps).tolist()
+        was_clean = not self._contaminated
+        logits = self.verify(self.w, self.cache, [self.out[-1]] + drafts, start, self.key_valid)
+        if self.exact_verify:  # bit-identical to plain native steps: every argmax is off's token
+            best, safe = logits.argmax(-1).tolist(), [True] * (k + 1)
+        else:
+            top = logits.topk(2, dim=-1)
+            best = top.indices[:, 0].tolist()
+            safe = ((top.values[:, 0] - top.values[:, 1]) >= self.policy.margin_eps).tolist()
         tokens: list[int] = []
         certified = True
         for i in range(k + 1):
@@ -486,6 +462,8 @@ class _RowDecoder:
             self.shared[source].update(k, accepted, k if certified else accepted)
         # Positions start.. now hold the current token and the accepted drafts; drop the rest.
         self.cache.length = start + len(tokens)
+        if self.exact_verify and was_clean:
+            self.clean = self.cache.length
         self.costs.observe_verify(k + 1, time.perf_counter() - t0)
         if self.detail is not None:
             self.detail.append(json.dumps({"event": "verify", "request": self.request, "token": len(self.out),
@@ -613,6 +591,7 @@ def generate_lossless(engine: "Engine", rows: list["PromptRow"], max_new_tokens:
     dims = engine.dims
     check_rows_fit(rows, max_new_tokens, dims.max_positions)
     costs = _COSTS.setdefault(engine, _Costs())
+    costs.use(f"{engine.decode_kernel}/{verify_kind(policy, engine.decode_kernel)}")
     detail: list[str] | None = [] if cfg.log_level == "DETAILED" else None
     results = []
     for b, r in enumerate(rows):

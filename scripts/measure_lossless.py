@@ -9,10 +9,15 @@ Decode rate = (tokens - 1) / (time from the first token to the last); the speed-
 is the median over prompts of off's time per token / X's (pairs timed back to back, so machine
 drift cancels), with the aggregate rate ratio beside it. Exactness: lossless tokens == off tokens.
 
-With --flips (default) it also measures why lossless mode needs its margin certificate:
+Verify pass (--verify): lossless mode's default on the native decode kernel is the exact native
+pass (decode_native.verify_native, bit-identical to native decode steps); ``--verify torch`` measures
+the certified torch pass instead (the state before the native pass existed).
+
+With --flips (default) it also measures whether lossless mode needs its margin certificate:
   uncertified  lossless with margin_eps=0 and lookup forced: prompts whose output differs from off
-  perturbation the off continuation fed through verify passes of 2..8 positions vs off's own
-               teacher-forced logits: max |logit difference|, argmax flips, smallest off margin
+  perturbation the off continuation fed through verify passes (the one --verify selects) of 2..8
+               positions vs off's own teacher-forced logits: max |logit difference| (0 for the
+               native pass), argmax flips, smallest off margin
 
     nice -n 10 .venv/bin/python scripts/measure_lossless.py --threads 1 --out results/lossless.json
 
@@ -39,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 from reference_engine import Engine  # noqa: E402
 from reference_engine.generation import PromptRow  # noqa: E402
 from reference_engine.model import KVCache, prefill  # noqa: E402
-from reference_engine.speculative import _COSTS, DraftPolicy, generate_lossless, verify_forward  # noqa: E402
+from reference_engine.decode_native import verify_native  # noqa: E402
+from reference_engine.speculative import _COSTS, DraftPolicy, generate_lossless, verify_forward, verify_kind  # noqa: E402
 from rsp_bench.datasets import load_prompts, load_squad, quick_subset, squad_prompt  # noqa: E402
 
 ENGINES = ("off", "lossless", "hf-pld")
@@ -67,8 +73,13 @@ def run_off(engine: Engine, prompt: str, n: int) -> dict:
     return {"tokens": r.token_ids, "decode_s": r.stats["decode_time_s"]}
 
 
-def run_lossless(engine: Engine, prompt: str, n: int) -> dict:
-    r = engine.generate(prompt, max_new_tokens=n, mode="lossless", log_level="NONE")[0]
+def run_lossless(engine: Engine, prompt: str, n: int, verify: str | None = None) -> dict:
+    if verify is None:
+        r = engine.generate(prompt, max_new_tokens=n, mode="lossless", log_level="NONE")[0]
+    else:  # what engine.generate runs, with the verify pass pinned
+        cfg = engine._config(None, {"mode": "lossless", "log_level": "NONE"})
+        r = generate_lossless(engine, [PromptRow(prompt, engine.encode(prompt))], n, cfg, None,
+                              DraftPolicy(verify=verify))[0]
     keep = ("drafted", "accepted", "verify_passes", "plain_steps", "repairs", "replayed_tokens",
             "certificate_failures")
     return {"tokens": r.token_ids, "decode_s": r.stats["decode_time_s"],
@@ -89,9 +100,9 @@ def run_hf_pld(engine: Engine, prompt: str, n: int, k: int) -> dict:
     return {"tokens": seq[0, len(ids):].tolist(), "decode_s": clock.times[-1] - clock.times[1]}
 
 
-def speed_set(engine: Engine, prompts: list[str], n: int, pld: int, use_hf: bool) -> dict:
+def speed_set(engine: Engine, prompts: list[str], n: int, pld: int, use_hf: bool, verify: str | None) -> dict:
     names = [e for e in ENGINES if use_hf or e != "hf-pld"]
-    calls = {"off": lambda p: run_off(engine, p, n), "lossless": lambda p: run_lossless(engine, p, n),
+    calls = {"off": lambda p: run_off(engine, p, n), "lossless": lambda p: run_lossless(engine, p, n, verify),
              "hf-pld": lambda p: run_hf_pld(engine, p, n, pld)}
     for name in names:  # warm-up, thrown away (also teaches lossless its costs)
         calls[name](prompts[0])
@@ -130,8 +141,9 @@ def speed_set(engine: Engine, prompts: list[str], n: int, pld: int, use_hf: bool
     return out, [r["off"]["tokens"] for r in rows]
 
 
-def perturbation(engine: Engine, prompt: str, off_tokens: list[int]) -> dict:
+def perturbation(engine: Engine, prompt: str, off_tokens: list[int], verify: str) -> dict:
     """Off's continuation through verify passes vs off's own (teacher-forced) logits."""
+    verify_pass = verify_native if verify == "native" else verify_forward
     ids = engine.encode(prompt)
     ref = engine.teacher_forced(ids, off_tokens, mode="off").logits  # [T, V], bit-equal to generate
     w, T = engine.weights, len(off_tokens)
@@ -141,7 +153,7 @@ def perturbation(engine: Engine, prompt: str, off_tokens: list[int]) -> dict:
     got, pos, c = [], 0, 0
     while pos < T - 1:
         size = min(CHUNKS[c % len(CHUNKS)], T - 1 - pos)
-        got.append(verify_forward(w, cache, off_tokens[pos:pos + size], len(ids) + pos, key_valid))
+        got.append(verify_pass(w, cache, off_tokens[pos:pos + size], len(ids) + pos, key_valid))
         pos, c = pos + size, c + 1
     if not got:
         return {"positions": 0}
@@ -157,15 +169,15 @@ def perturbation(engine: Engine, prompt: str, off_tokens: list[int]) -> dict:
             "off_margins_below_eps": int((margin_ref < DraftPolicy().margin_eps).sum())}
 
 
-def flip_study(engine: Engine, prompts: list[str], offs: list[list[int]], n: int) -> dict:
+def flip_study(engine: Engine, prompts: list[str], offs: list[list[int]], n: int, verify: str) -> dict:
     cfg = engine._config(None, {"mode": "lossless", "log_level": "NONE"})
-    uncertified = DraftPolicy(force="lookup", margin_eps=0.0, pruned=False)
+    uncertified = DraftPolicy(force="lookup", margin_eps=0.0, pruned=False, verify=verify)
     differ, per = [], []
     for i, (prompt, off) in enumerate(zip(prompts, offs)):
         got = generate_lossless(engine, [PromptRow(prompt, engine.encode(prompt))], n, cfg, None, uncertified)[0]
         if got.token_ids != off:
             differ.append(i)
-        per.append(perturbation(engine, prompt, off))
+        per.append(perturbation(engine, prompt, off, verify))
         print(f"  [{i + 1}/{len(prompts)}] uncertified_exact={got.token_ids == off} {per[-1]}", flush=True)
     per = [p for p in per if p["positions"]]
     return {"prompts": len(prompts), "uncertified_mismatches": differ,
@@ -175,7 +187,7 @@ def flip_study(engine: Engine, prompts: list[str], offs: list[list[int]], n: int
             "argmax_flips": sum(p["argmax_flips"] for p in per),
             "min_off_margin": min(p["min_off_margin"] for p in per),
             "off_margins_below_eps": sum(p["off_margins_below_eps"] for p in per),
-            "margin_eps": DraftPolicy().margin_eps}
+            "margin_eps": DraftPolicy().margin_eps, "verify": verify}
 
 
 def _write_atomic(path: Path, data: dict) -> None:
@@ -198,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers prompt lookup")
     ap.add_argument("--no-flips", action="store_true", help="skip the uncertified / perturbation study")
     ap.add_argument("--no-speed", action="store_true", help="skip the speed comparison (flips only)")
+    ap.add_argument("--verify", choices=("native", "torch"), default=None,
+                    help="lossless mode's verify pass (default: native when the engine decodes natively)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -208,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         "free": [p.text for p in load_prompts()][:args.free],
     }
     sets = {name: prompts for name, prompts in sets.items() if prompts}
+    try:
+        verify = verify_kind(DraftPolicy(verify=args.verify), engine.decode_kernel)
+    except ValueError as exc:  # --verify native on an engine without the native kernel
+        ap.error(str(exc))
     result: dict[str, Any] = {"model": engine.name, "threads": torch.get_num_threads(), "batch": 1,
-                              "load_avg_start": os.getloadavg()}
+                              "decode_kernel": engine.decode_kernel, "verify": verify,
+                              "command": " ".join(sys.argv), "load_avg_start": os.getloadavg()}
     result["complete"] = False
     offs = {}
     for name, prompts in sets.items():
@@ -217,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             offs[name] = [run_off(engine, p, args.tokens)["tokens"] for p in prompts]
             continue
         print(f"speed: {name} ({len(prompts)} prompts, {args.tokens} tokens)", flush=True)
-        result[name], offs[name] = speed_set(engine, prompts, args.tokens, args.pld, not args.no_hf)
+        result[name], offs[name] = speed_set(engine, prompts, args.tokens, args.pld, not args.no_hf,
+                                             args.verify)
         _write_atomic(args.out, result)  # a crash later must not lose an hour of timings
     costs = _COSTS.get(engine)
     if costs is not None:
@@ -228,13 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_flips:
         print("flips: uncertified lossless and verify-pass perturbation", flush=True)
         prompts = [p for ps in sets.values() for p in ps]
-        result["flips"] = flip_study(engine, prompts, [t for name in sets for t in offs[name]], args.tokens)
+        result["flips"] = flip_study(engine, prompts, [t for name in sets for t in offs[name]], args.tokens, verify)
     result["load_avg_end"] = os.getloadavg()
     result["complete"] = True
     result["wall_s"] = time.time() - t0
     _write_atomic(args.out, result)
 
-    print(f"\n{engine.name}, batch 1, {result['threads']} thread(s), load average {result['load_avg_start'][0]:.1f}"
+    print(f"\n{engine.name}, batch 1, {result['threads']} thread(s), decode kernel {engine.decode_kernel}, "
+          f"verify {verify}, load average {result['load_avg_start'][0]:.1f}"
           f" -> {result['load_avg_end'][0]:.1f}")
     print(f"{'set':6} {'engine':9} {'tok/s':>7} {'x off (median)':>15} {'x off (aggr.)':>14} {'exact':>7}")
     for name in sets:

@@ -99,9 +99,12 @@ POLICIES = {
     "adaptive": DraftPolicy(draft_keep=KEEP, **PINNED),
     "lookup": DraftPolicy(force="lookup"),
     "pruned": DraftPolicy(force="pruned", draft_keep=KEEP),
-    # Every token from verify arithmetic lacks a certificate: each one goes through the exact replay.
-    "repair-always": DraftPolicy(force="lookup", margin_eps=1e9),
-    "repair-sometimes": DraftPolicy(force="lookup", margin_eps=0.3),
+    # The torch verify (certified) under native plain steps; the default on the native kernel is
+    # the exact native verify, which needs no certificate.
+    "lookup-torch": DraftPolicy(force="lookup", verify="torch"),
+    # Every token from torch verify arithmetic lacks a certificate: each one goes through the exact replay.
+    "repair-always": DraftPolicy(force="lookup", margin_eps=1e9, verify="torch"),
+    "repair-sometimes": DraftPolicy(force="lookup", margin_eps=0.3, verify="torch"),
 }
 
 

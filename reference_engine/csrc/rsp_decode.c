@@ -22,6 +22,9 @@
  * Router state (ABI 4): with an rsp_router (rsp_router.h, included below) the unit router's
  * thresholds, norms, entropy and counters are computed in this call too, and timed.
  *
+ * Verify (ABI 4): rsp_verify_step (rsp_verify.h, included at the end) runs S positions of one
+ * sequence for lossless mode, bit-identical to S single-token steps.
+ *
  * Weights are row-major [N, K] (y = W x), contiguous. The KV cache is [B, KV, T, hd] per layer.
  * Built by decode_native.py with the system C compiler; -march=native picks AVX-512 or AVX2 paths,
  * anything else takes the portable loop.
@@ -463,3 +466,5 @@ int rsp_gemv(const float *W, int64_t N, int64_t K, const float *x, int64_t B, fl
     }
     return 0;
 }
+
+#include "rsp_verify.h" /* lossless mode's multi-position verify pass */

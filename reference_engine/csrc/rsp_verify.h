@@ -1,0 +1,218 @@
+/* Lossless mode's verify pass in C: rsp_verify_step (decode_native.verify_native).
+ *
+ * Not a standalone header: rsp_decode.c includes it at its end, after the helpers it reuses (rms,
+ * rope, dot_rows, share, the SIMD intrinsics), so the kernel stays one translation unit. A file of
+ * its own because it is one concept: S positions of one sequence through every block, each weight
+ * matrix streamed once for all S, every row computed exactly as the single-token step computes it.
+ */
+/* gemv_rows for several x rows at once, for rsp_verify_step: y[b*ys + n] (+)= W[n] . x[b*xs].
+ * With AVX-512, 4 weight rows meet up to 4 x rows in one pass over k (16 independent accumulators,
+ * each weight vector loaded once for all x rows): an S-row product then costs about what one row
+ * does while the weights stream from DRAM. Each (row, x) accumulator takes exactly dot_rows's
+ * AVX-512 sequence (16-wide FMAs in k order, the same masked tail, _mm512_reduce_add_ps), so every
+ * output is bit-identical to gemv_rows's. Other builds call gemv_rows itself. */
+#if defined(__AVX512F__)
+#ifndef RSP_PF_GROUPS
+#define RSP_PF_GROUPS 2
+#endif
+#ifndef RSP_PF_HINT
+#define RSP_PF_HINT _MM_HINT_T0
+#endif
+static inline __attribute__((always_inline)) void dot_multi(const float *W, int64_t K, const float *x, int64_t xs,
+                                                            const int NB, const float *pf, float *o /* [4][4] */) {
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int b = 0; b < NB; b++) acc[r][b] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 xv[4];
+        for (int b = 0; b < NB; b++) xv[b] = _mm512_loadu_ps(x + b * xs + k);
+        if (pf)
+            for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(pf + r * K + k), RSP_PF_HINT);
+        for (int r = 0; r < 4; r++) {
+            __m512 wv = _mm512_loadu_ps(W + r * K + k);
+            for (int b = 0; b < NB; b++) acc[r][b] = _mm512_fmadd_ps(wv, xv[b], acc[r][b]);
+        }
+    }
+    if (k < K) {
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+        __m512 xv[4];
+        for (int b = 0; b < NB; b++) xv[b] = _mm512_maskz_loadu_ps(m, x + b * xs + k);
+        for (int r = 0; r < 4; r++) {
+            __m512 wv = _mm512_maskz_loadu_ps(m, W + r * K + k);
+            for (int b = 0; b < NB; b++) acc[r][b] = _mm512_fmadd_ps(wv, xv[b], acc[r][b]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int b = 0; b < NB; b++) o[r * 4 + b] = _mm512_reduce_add_ps(acc[r][b]);
+}
+#endif
+
+static void gemv_multi(const float *W, int64_t K, int64_t n0, int64_t n1, const float *x, int64_t xs, int64_t B,
+                       float *y, int64_t ys, int accumulate) {
+#if defined(__AVX512F__)
+    float o[16];
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        for (int64_t b0 = 0; b0 < B; b0 += 4) {
+            const int nb = (int)(B - b0 < 4 ? B - b0 : 4);
+            const float *xb = x + b0 * xs;
+            /* the first x chunk prefetches the weight rows RSP_PF_GROUPS groups ahead */
+            const float *pf = b0 == 0 && RSP_PF_GROUPS > 0 ? W + (n + 4 * RSP_PF_GROUPS) * K : NULL;
+            switch (nb) { /* constant NB: the accumulators stay in registers */
+            case 4: dot_multi(W + n * K, K, xb, xs, 4, pf, o); break;
+            case 3: dot_multi(W + n * K, K, xb, xs, 3, pf, o); break;
+            case 2: dot_multi(W + n * K, K, xb, xs, 2, pf, o); break;
+            default: dot_multi(W + n * K, K, xb, xs, 1, pf, o); break;
+            }
+            for (int b = 0; b < nb; b++) {
+                float *yb = y + (b0 + b) * ys + n;
+                for (int r = 0; r < 4; r++) yb[r] = accumulate ? yb[r] + o[r * 4 + b] : o[r * 4 + b];
+            }
+        }
+    }
+    if (n < n1) gemv_rows(W, K, n, n1, x, xs, B, y, ys, accumulate); /* < 4 rows left */
+#else
+    gemv_rows(W, K, n0, n1, x, xs, B, y, ys, accumulate);
+#endif
+}
+
+/* Lossless mode's verify pass (speculative.py), batch 1: the current token and k drafts, tok[0..S),
+ * at cache positions (and RoPE positions) start..start+S-1, through every block, no bypass. K/V
+ * of all S positions are written into the cache; logits [S, V] come out.
+ *
+ * Why a separate function: each weight matrix is streamed ONCE for all S positions (gemv_multi:
+ * 4 weight rows against up to 4 positions per pass over k), so a short pass costs little more than
+ * one decode step while decode is DRAM-bound.
+ *
+ * Exactness: every number here is computed by the same code, in the same order, as S calls of
+ * rsp_decode_step would compute it at batch 1 (a row's dot product in gemv_rows / gemv_multi does
+ * not depend on how many rows are computed or which thread computes them; attention for position i sums over keys
+ * 0..start+i in the same order with the same expf; rms, rope and SiLU are the same expressions),
+ * so logits and the K/V written are bit-identical to S native decode steps, at any thread count.
+ * tests/test_verify_native.py checks that. valid: [>= start+S] key flags (padding = 0).
+ * Returns 0, or -1 bad dims, -2 out of memory, -3 a token or position out of range. */
+int rsp_verify_step(const rsp_model *m, float *const *kc, float *const *vc, int64_t T, int64_t start, int64_t S,
+                    const int64_t *tok, const uint8_t *valid, float *logits, int nthreads) {
+    const int64_t L = m->n_layers, D = m->D, F = m->F, H = m->H, KV = m->KV, hd = m->hd, V = m->V;
+    const int64_t qd = H * hd, kvd = KV * hd, QW = qd + 2 * kvd, G = H / KV, end = start + S;
+    const float eps = m->eps, scale = (float)(1.0 / sqrt((double)hd));
+    if (hd > 512 || G * KV != H || start < 0 || S < 1 || end > T) return -1;
+    if (end > m->max_positions) return -3;
+    for (int64_t i = 0; i < S; i++)
+        if (tok[i] < 0 || tok[i] >= V) return -3;
+    float *h = malloc(sizeof(float) * (size_t)(S * D));
+    float *qkv = malloc(sizeof(float) * (size_t)(S * QW));
+    float *attn = malloc(sizeof(float) * (size_t)(S * qd));
+    float *gu = malloc(sizeof(float) * (size_t)(S * 2 * F));
+    float *act = malloc(sizeof(float) * (size_t)(S * F));
+    int rc = 0;
+    if (!h || !qkv || !attn || !gu || !act) {
+        rc = -2;
+        goto done;
+    }
+    for (int64_t i = 0; i < S; i++) memcpy(h + i * D, m->embed + tok[i] * D, sizeof(float) * (size_t)D);
+    if (nthreads < 1) nthreads = 1;
+
+#pragma omp parallel num_threads(nthreads)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int tid = 0, nt = 1;
+#endif
+        float *xn = malloc(sizeof(float) * (size_t)(S * (D > F ? D : F)));
+        float *sc = malloc(sizeof(float) * (size_t)end);
+        if (!xn || !sc) {
+#pragma omp atomic write
+            rc = -2;
+        }
+        int64_t a, e;
+        for (int64_t l = 0; l < L; l++) {
+            float *K = kc[l], *Vc = vc[l];
+            if (rc == 0) {
+                rms(h, m->attn_norm[l], S, D, eps, xn);
+                share(QW, tid, nt, &a, &e);
+                gemv_multi(m->wqkv[l], D, a, e, xn, D, S, qkv, QW, 0);
+            }
+#pragma omp barrier
+            /* RoPE on q (in place) and k (into the cache), v into the cache: position start + i */
+            for (int64_t t = tid; t < S * (H + KV) && rc == 0; t += nt) {
+                int64_t i = t / (H + KV), j = t % (H + KV) - H;
+                const float *c = m->cos + (start + i) * hd, *s = m->sin + (start + i) * hd;
+                float *row = qkv + i * QW;
+                if (j < 0) {
+                    rope(row + (j + H) * hd, c, s, hd, row + (j + H) * hd);
+                } else {
+                    int64_t off = (j * T + start + i) * hd;
+                    rope(row + qd + j * hd, c, s, hd, K + off);
+                    memcpy(Vc + off, row + qd + kvd + j * hd, sizeof(float) * (size_t)hd);
+                }
+            }
+#pragma omp barrier
+            /* attention, one (position, query head) per task: position i sees keys 0..start+i,
+             * summed in rsp_decode_step's order (the same loops, so the same rounding) */
+            for (int64_t t = tid; t < S * H && rc == 0; t += nt) {
+                int64_t i = t / H, hh = t % H, j = hh / G, ei = start + i + 1;
+                const float *q = qkv + i * QW + hh * hd;
+                const float *Kb = K + j * T * hd, *Vb = Vc + j * T * hd;
+                float mx = -INFINITY;
+                for (int64_t u = 0; u < ei; u++) {
+                    float s = -INFINITY;
+                    if (valid[u]) {
+                        float o;
+                        dot_rows(Kb + u * hd, hd, 1, q, &o);
+                        s = o * scale;
+                    }
+                    sc[u] = s;
+                    mx = s > mx ? s : mx;
+                }
+                float sum = 0.0f;
+                for (int64_t u = 0; u < ei; u++) {
+                    sc[u] = expf(sc[u] - mx);
+                    sum += sc[u];
+                }
+                float *o = attn + i * qd + hh * hd;
+                for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
+                for (int64_t u = 0; u < ei; u++) {
+                    const float p = sc[u] / sum, *vr = Vb + u * hd;
+                    if (p == 0.0f) continue;
+                    for (int64_t d = 0; d < hd; d++) o[d] += p * vr[d];
+                }
+            }
+#pragma omp barrier
+            share(D, tid, nt, &a, &e);
+            if (rc == 0) gemv_multi(m->wo[l], qd, a, e, attn, qd, S, h, D, 1);
+#pragma omp barrier
+            if (rc == 0) {
+                rms(h, m->mlp_norm[l], S, D, eps, xn);
+                share(F, tid, nt, &a, &e);
+                gemv_multi(m->w_gate_up[l], D, a, e, xn, D, S, gu, 2 * F, 0);
+                gemv_multi(m->w_gate_up[l], D, F + a, F + e, xn, D, S, gu, 2 * F, 0);
+                for (int64_t i = 0; i < S; i++)
+                    for (int64_t n = a; n < e; n++) {
+                        const float g = gu[i * 2 * F + n];
+                        act[i * F + n] = g / (1.0f + expf(-g)) * gu[i * 2 * F + F + n];
+                    }
+            }
+#pragma omp barrier
+            share(D, tid, nt, &a, &e);
+            if (rc == 0) gemv_multi(m->w_down[l], F, a, e, act, F, S, h, D, 1);
+#pragma omp barrier
+        }
+        if (rc == 0) {
+            rms(h, m->final_norm, S, D, eps, xn);
+            share(V, tid, nt, &a, &e);
+            gemv_multi(m->lm_head, D, a, e, xn, D, S, logits, V, 0);
+        }
+        free(xn);
+        free(sc);
+    }
+done:
+    free(h);
+    free(qkv);
+    free(attn);
+    free(gu);
+    free(act);
+    return rc;
+}
