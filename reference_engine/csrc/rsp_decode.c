@@ -188,6 +188,35 @@ static void rope(const float *x, const float *c, const float *s, int64_t hd, flo
 }
 
 /* Returns 0, or a negative code: -1 bad dims, -2 out of memory, -3 a token or position out of range. */
+/* One query head's attention over keys 0..n-1 (masked where !valid): softmax, then the weighted
+ * sum of values into o. Decode and verify both call it, so a position's attention is summed in
+ * one order whichever pass computes it (what makes the verify pass bit-identical to decode). */
+static void attend_head(const float *q, const float *Kb, const float *Vb, const uint8_t *valid, int64_t n,
+                        int64_t hd, float scale, float *sc, float *o) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < n; t++) {
+        float s = -INFINITY;
+        if (valid[t]) {
+            float d;
+            dot_rows(Kb + t * hd, hd, 1, q, &d);
+            s = d * scale;
+        }
+        sc[t] = s;
+        mx = s > mx ? s : mx;
+    }
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; t++) {
+        sc[t] = expf(sc[t] - mx);
+        sum += sc[t];
+    }
+    for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int64_t t = 0; t < n; t++) {
+        const float p = sc[t] / sum, *vr = Vb + t * hd;
+        if (p == 0.0f) continue;
+        for (int64_t d = 0; d < hd; d++) o[d] += p * vr[d];
+    }
+}
+
 /* h[b] += (h[b] @ dn) @ up for every row: the low-rank stand-in of a bypassed block or unit.
  * One thread runs it (rank x D x 2 multiply-adds per row, ~37k at rank 32: not worth a barrier). */
 static void low_rank_add(float *h, int64_t B, int64_t D, const float *dn, const float *up, int64_t r, float *lo,
@@ -338,32 +367,8 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             /* attention, one (row, query head) per task: softmax over the valid positions */
             for (int64_t i = tid; i < B * H && rc == 0; i += nt) {
                 int64_t b = i / H, hh = i % H, j = hh / G;
-                const float *q = qkv + b * QW + hh * hd;
-                const float *Kb = K + (b * KV + j) * T * hd, *Vb = Vc + (b * KV + j) * T * hd;
-                const uint8_t *vb = valid + b * valid_stride;
-                float mx = -INFINITY;
-                for (int64_t t = 0; t < end; t++) {
-                    float s = -INFINITY;
-                    if (vb[t]) {
-                        float o;
-                        dot_rows(Kb + t * hd, hd, 1, q, &o);
-                        s = o * scale;
-                    }
-                    sc[t] = s;
-                    mx = s > mx ? s : mx;
-                }
-                float sum = 0.0f;
-                for (int64_t t = 0; t < end; t++) {
-                    sc[t] = expf(sc[t] - mx);
-                    sum += sc[t];
-                }
-                float *o = attn + b * qd + hh * hd;
-                for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
-                for (int64_t t = 0; t < end; t++) {
-                    const float p = sc[t] / sum, *vr = Vb + t * hd;
-                    if (p == 0.0f) continue;
-                    for (int64_t d = 0; d < hd; d++) o[d] += p * vr[d];
-                }
+                attend_head(qkv + b * QW + hh * hd, K + (b * KV + j) * T * hd, Vc + (b * KV + j) * T * hd,
+                            valid + b * valid_stride, end, hd, scale, sc, attn + b * qd + hh * hd);
             }
 #pragma omp barrier
             share(D, tid, nt, &a, &e);

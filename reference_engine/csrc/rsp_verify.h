@@ -151,34 +151,11 @@ int rsp_verify_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             }
 #pragma omp barrier
             /* attention, one (position, query head) per task: position i sees keys 0..start+i,
-             * summed in rsp_decode_step's order (the same loops, so the same rounding) */
+             * through rsp_decode_step's own attend_head (the same order, so the same rounding) */
             for (int64_t t = tid; t < S * H && rc == 0; t += nt) {
-                int64_t i = t / H, hh = t % H, j = hh / G, ei = start + i + 1;
-                const float *q = qkv + i * QW + hh * hd;
-                const float *Kb = K + j * T * hd, *Vb = Vc + j * T * hd;
-                float mx = -INFINITY;
-                for (int64_t u = 0; u < ei; u++) {
-                    float s = -INFINITY;
-                    if (valid[u]) {
-                        float o;
-                        dot_rows(Kb + u * hd, hd, 1, q, &o);
-                        s = o * scale;
-                    }
-                    sc[u] = s;
-                    mx = s > mx ? s : mx;
-                }
-                float sum = 0.0f;
-                for (int64_t u = 0; u < ei; u++) {
-                    sc[u] = expf(sc[u] - mx);
-                    sum += sc[u];
-                }
-                float *o = attn + i * qd + hh * hd;
-                for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
-                for (int64_t u = 0; u < ei; u++) {
-                    const float p = sc[u] / sum, *vr = Vb + u * hd;
-                    if (p == 0.0f) continue;
-                    for (int64_t d = 0; d < hd; d++) o[d] += p * vr[d];
-                }
+                int64_t i = t / H, hh = t % H, j = hh / G;
+                attend_head(qkv + i * QW + hh * hd, K + j * T * hd, Vc + j * T * hd, valid, start + i + 1, hd, scale,
+                            sc, attn + i * qd + hh * hd);
             }
 #pragma omp barrier
             share(D, tid, nt, &a, &e);
