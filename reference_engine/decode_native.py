@@ -215,6 +215,15 @@ def load_library() -> ctypes.CDLL:
     return lib
 
 
+def unavailable_reason() -> str | None:
+    """None when the kernel builds and loads here, else one line saying why (tests skip with it)."""
+    try:
+        load_library()
+    except NativeKernelUnavailable as exc:
+        return f"the native decode kernel cannot be built here: {str(exc).splitlines()[0]}"
+    return None
+
+
 def _check(t: torch.Tensor, what: str) -> int:
     if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
         raise ValueError(f"the native decode kernel needs contiguous fp32 CPU tensors; {what} is "

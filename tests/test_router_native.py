@@ -22,11 +22,7 @@ from reference_engine import decode_native  # noqa: E402
 from reference_engine.model import KVCache, decode_step, prefill  # noqa: E402
 from reference_engine.router import RouterCalibration, UnitRouter  # noqa: E402
 
-try:
-    decode_native.load_library()
-    NO_NATIVE = None
-except decode_native.NativeKernelUnavailable as exc:
-    NO_NATIVE = f"the native decode kernel cannot be built here: {str(exc).splitlines()[0]}"
+NO_NATIVE = decode_native.unavailable_reason()
 pytestmark = pytest.mark.skipif(NO_NATIVE is not None, reason=NO_NATIVE or "")
 
 STEPS = 8

@@ -16,11 +16,7 @@ from reference_engine import decode_native  # noqa: E402
 from reference_engine.model import BypassMap, KVCache, UnitGate, decode_step, forward_units, prefill  # noqa: E402
 
 ATOL = 2e-4
-try:
-    decode_native.load_library()
-    NO_NATIVE = None
-except decode_native.NativeKernelUnavailable as exc:
-    NO_NATIVE = f"the native decode kernel cannot be built here: {str(exc).splitlines()[0]}"
+NO_NATIVE = decode_native.unavailable_reason()
 needs_native = pytest.mark.skipif(NO_NATIVE is not None, reason=NO_NATIVE or "")
 KERNELS = ["torch", "numpy", pytest.param("native", marks=needs_native)]
 

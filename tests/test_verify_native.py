@@ -23,11 +23,7 @@ from reference_engine.generation import PromptRow  # noqa: E402
 from reference_engine.model import KVCache, decode_step, prefill  # noqa: E402
 from reference_engine.speculative import DraftPolicy, generate_lossless, verify_kind  # noqa: E402
 
-try:
-    decode_native.load_library()
-    NO_NATIVE = None
-except decode_native.NativeKernelUnavailable as exc:
-    NO_NATIVE = f"the native decode kernel cannot be built here: {str(exc).splitlines()[0]}"
+NO_NATIVE = decode_native.unavailable_reason()
 pytestmark = pytest.mark.skipif(NO_NATIVE is not None, reason=NO_NATIVE or "")
 # conftest points RSP_BENCH_CACHE at the tiny model's folder once its fixture runs; the embedded
 # model's converted weights live in the cache that was set before (read at collection).
