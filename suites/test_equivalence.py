@@ -116,24 +116,22 @@ def test_hf_peer_matches_reference_off(rsp_peer, measure) -> None:
 def test_static_baseline_at_matched_budget(static_case, rsp_options, rsp_configs, rsp_engine,
                                            rsp_adapter_for, rsp_record, measure) -> None:
     """ShortGPT and random static removal at the lossy run's executed budget, matched on weight
-    bytes without rounding: the run bypassed b = bypass ratio x blocks per token (every block
-    holds the same bytes, so blocks and bytes are one budget here). Static removal is measured at
-    floor(b) and floor(b) + 1 whole blocks (0 blocks is reference/off) and recorded at b itself,
-    interpolated, as ``static-<kind>/k=<b>``; the whole-block rows are recorded too."""
+    bytes without rounding (every block holds the same bytes, so the bypass ratio is the byte
+    budget here). Static removal is measured at the two whole-block budgets k and k + 1 whose
+    measured bypass ratios bracket the lossy run's (0 blocks is reference/off) and recorded at the
+    lossy ratio itself, interpolated linearly in measured ratio, as ``static-<kind>/k=<b>`` with
+    b = k + t; the whole-block rows are recorded too."""
     kind, s = static_case
     lossy_id = format_config_id(rsp_options.engine, "lossy", s)
     lossy = next(c for c in rsp_configs if c.config_id == lossy_id)
     lossy_values = measure(lossy)
     if "bypass_ratio" not in lossy_values:
         pytest.skip(f"{lossy_id} reports no bypass statistics; no budget to match")
-    L = rsp_engine.dims.n_layers
-    b = lossy_values["bypass_ratio"].value * L
-    if b == 0:
+    r = lossy_values["bypass_ratio"].value
+    if r == 0:
         pytest.skip(f"{lossy_id} bypassed nothing: a static row would be reference/off")
     adapter = rsp_adapter_for(f"static-{kind}")
     off = next(c for c in rsp_configs if c.config_id == format_config_id("reference", "off"))
-    k0 = int(math.floor(b))
-    t = b - k0
 
     def at(k: int) -> dict:
         if k == 0:
@@ -142,10 +140,18 @@ def test_static_baseline_at_matched_budget(static_case, rsp_options, rsp_configs
         assert values["bypass_ratio"].value > 0, f"static-{kind}/k={k} bypassed nothing: static mode ignored its blocks"
         return values
 
-    low = at(k0)
-    high = at(k0 + 1) if t > 0 else low
-    spec = ConfigSpec(format_config_id(adapter.name, k=f"{b:.2f}"), adapter.name, "static", None,
-                      {"k_interpolated": b, "between": [k0, k0 + 1], "t": t, "matched_to": lossy_id})
+    # The first decoded token comes from prefill, so k blocks bypassed per step measure slightly
+    # under k / L as a ratio: bracket by the measured ratios, not by k.
+    k = int(math.floor(r * rsp_engine.dims.n_layers))
+    low, high = at(k), at(k + 1)
+    while high["bypass_ratio"].value < r:
+        k += 1
+        low, high = high, at(k + 1)
+    r0, r1 = low.get("bypass_ratio"), high["bypass_ratio"].value
+    r0 = r0.value if r0 is not None else 0.0
+    t = min(max((r - r0) / (r1 - r0), 0.0), 1.0)
+    spec = ConfigSpec(format_config_id(adapter.name, k=f"{k + t:.2f}"), adapter.name, "static", None,
+                      {"k_interpolated": k + t, "between": [k, k + 1], "t": t, "matched_to": lossy_id})
     if spec.config_id in rsp_record.record["configurations"]:
         pytest.skip(f"{spec.config_id} already recorded for another sensitivity at the same budget")
     record_metrics(rsp_record, spec, interpolated_metrics(low, high, t))
