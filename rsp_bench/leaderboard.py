@@ -516,14 +516,17 @@ def render_plot_png(records: Sequence[Mapping[str, Any]]) -> bytes:
 def write_leaderboard(
     records_dir_or_records: str | os.PathLike[str] | Iterable[Mapping[str, Any]],
     out_dir: str | os.PathLike[str],
+    curve: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write ``leaderboard.md``, ``leaderboard.html`` and ``quality_vs_speed.png`` into ``out_dir``.
 
-    ``records_dir_or_records`` is a results folder (its ``runs/`` are read) or the records
-    themselves. Returns ``{"md": ..., "html": ..., "png": ...}``.
+    ``records_dir_or_records`` is a results folder (its ``runs/`` are read, and its
+    ``router_curve.json`` unless ``curve`` is given) or the records themselves.
+    Returns ``{"md": ..., "html": ..., "png": ...}``.
     """
     records = _as_records(records_dir_or_records)
-    curve = load_curve(records_dir_or_records) if isinstance(records_dir_or_records, (str, os.PathLike)) else None
+    if curve is None and isinstance(records_dir_or_records, (str, os.PathLike)):
+        curve = load_curve(records_dir_or_records)
     out = Path(out_dir)
     # The plot first: if drawing fails, no table points at a missing or stale picture.
     png = atomic_write_bytes(out / PLOT_NAME, render_plot_png(records))
@@ -549,8 +552,9 @@ def run_leaderboard(args: argparse.Namespace) -> int:
         raise HarnessInputError(
             f"{Path(args.results) / 'runs'}: no run records to build a leaderboard from (run `rsp-bench run` first)"
         )
-    paths = write_leaderboard(records, args.out or args.results)
-    print(render_markdown(records, PLOT_NAME), end="")
+    curve = load_curve(args.results)
+    paths = write_leaderboard(records, args.out or args.results, curve)
+    print(render_markdown(records, PLOT_NAME, curve), end="")
     for path in paths.values():
         print(f"wrote {path}", file=sys.stderr)
     return 0

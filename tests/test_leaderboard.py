@@ -316,10 +316,11 @@ def _curve() -> dict:
                        "ideal_speedup": 1.08}]}
 
 
-def test_router_curve_closes_the_board_when_the_results_folder_has_one(tmp_path: Path) -> None:
+def test_router_curve_closes_the_board_when_the_results_folder_has_one(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "results"
     for r in _records():
-        write_record(r, results / "runs")
+        write_record(r, results)
     (results / "router_curve.json").write_text(json.dumps(_curve()))
     md = write_leaderboard(results, tmp_path / "out")["md"].read_text()
     title = md.index("## Unit router vs static and random removal at equal weight bytes (tiny")
@@ -328,6 +329,8 @@ def test_router_curve_closes_the_board_when_the_results_folder_has_one(tmp_path:
     assert "+10.0 pts" in md and "1.05× [1.01, 1.09]" in md and "scripts/measure_router_curve.py --smoke" in md
     html_text = (tmp_path / "out" / "leaderboard.html").read_text()
     assert "Unit router vs static" in html_text
+    assert run_leaderboard(_parse(configure_leaderboard_parser, ["--results", str(results)])) == 0  # the CLI too
+    assert "+10.0 pts" in (results / "leaderboard.md").read_text() and "+10.0 pts" in capsys.readouterr().out
     (results / "router_curve.json").write_text("{not json")
     with pytest.raises(HarnessInputError, match="router_curve.json"):
         write_leaderboard(results, tmp_path / "bad")
