@@ -368,8 +368,14 @@ def decode_step_native(w: Any, cache: Any, token_ids: torch.Tensor, positions: t
 _MAPS: dict[int, tuple] = {}
 
 
+_NO_MAPS: dict[int, tuple] = {}
+
+
 def _no_maps(n: int):
-    return _ptrs([0] * n), _ptrs([0] * n), (_i64 * n)(*([0] * n))
+    """All-NULL unit-map pointer arrays of length n, built once per n (not per step)."""
+    if n not in _NO_MAPS:
+        _NO_MAPS[n] = (_ptrs([0] * n), _ptrs([0] * n), (_i64 * n)(*([0] * n)))
+    return _NO_MAPS[n]
 
 
 def _bypass_pointers(bypass: list[Any], n_blocks: int):
