@@ -8,8 +8,18 @@ Two kinds, because quality and speed travel differently:
   ``scripts/measure_float_order.py``), so they are gated on any machine;
 * a **speed baseline** per model, engine and machine fingerprint,
   ``<baselines>/<model>__<weights>__<engine>__<fingerprint>.speed.json``: timings are
-  only comparable on one kind of machine. Where none exists for this machine, speed is
-  reported, not gated.
+  only comparable on one kind of machine and one version of the engine's code. Each update
+  on the same machine and code adds its run (the last ``SPEED_RUNS_KEPT``); the baseline
+  gates only once it holds ``SPEED_RUNS_NEEDED`` runs, so the gate knows the between-run
+  spread and never takes one lucky run for the machine's speed. A baseline made by other
+  engine code (``extra.code_digest``) is stale: reported, not gated, and replaced by the
+  next update. Where none can gate, speed is reported, not gated, and the suites' portable
+  speed budgets and ``rsp-bench ab`` judge it.
+
+Baselines are written for review: values rounded to what they resolve (6 significant
+digits), raw timing samples in a sidecar ``*.samples.json`` (read back by ``load_baseline``)
+so a pull request's diff shows figures, the reason of the update (``--reason`` /
+``--rsp-reason``) in ``extra.baseline_reason``, and a table of what moved printed on update.
 
 Which metrics are machine-bound is decided here, once (``MACHINE_METRICS``). The engine under
 test is ``extra.engine_under_test`` of the record (``--rsp-engine``; "reference" when absent),
@@ -29,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import statistics
 import datetime as _dt
 import fnmatch
 import os
@@ -53,12 +65,16 @@ __all__ = [
     "split_by_scope",
     "load_baseline",
     "update_baseline",
+    "moved_table",
     "list_baselines",
     "configure_baseline_parser",
     "run_baseline",
 ]
 
 DEFAULT_BASELINES_DIR = Path("results") / "baselines"
+SPEED_RUNS_NEEDED = 3
+SPEED_RUNS_KEPT = 5
+SIGNIFICANT_DIGITS = 6
 
 # Metrics read off a clock (or derived from one): comparable only on the same kind of
 # machine. Everything else (quality, bypass accounting, trace-derived projections) is a
@@ -147,6 +163,36 @@ class Baselines:
     speed: dict[str, Any] | None
     quality_path: Path
     speed_path: Path
+    run_code: str | None = None  # the judged run's engine code digest
+
+    @property
+    def speed_runs(self) -> int:
+        """How many runs the speed baseline was made from (0 when there is none)."""
+        if self.speed is None:
+            return 0
+        return len(self.speed["extra"].get("speed_runs") or []) or 1
+
+    def speed_problem(self) -> str | None:
+        """Why the speed baseline cannot judge this run (None when it can)."""
+        if self.speed is None:
+            return f"no speed baseline for this machine ({self.speed_path.name})"
+        made_by = self.speed["extra"].get("code_digest")
+        if self.run_code and made_by != self.run_code:
+            return (f"the speed baseline for this machine is stale: made by engine code {made_by or 'unknown'} "
+                    f"(commit {(self.speed.get('git_commit') or '?')[:12]}), this run is code {self.run_code}")
+        if self.speed_runs < SPEED_RUNS_NEEDED:
+            return (f"the speed baseline for this machine holds {self.speed_runs} run(s); {SPEED_RUNS_NEEDED} are "
+                    "needed to know its between-run spread")
+        return None
+
+    def spread(self) -> dict[tuple[str, str], float]:
+        """Between-run relative spread ((max - min) / median of the runs' values) per
+        (configuration, metric) of the speed baseline: the gate never calls a change smaller
+        than this a regression."""
+        if self.speed is None:
+            return {}
+        table = self.speed["extra"].get("speed_spread") or {}
+        return {(c, m): float(v) for c, metrics in table.items() for m, v in metrics.items()}
 
     def merged(self) -> dict[str, Any] | None:
         """One record holding both halves (the gate compares metric by metric)."""
@@ -181,25 +227,130 @@ def load_baseline(baselines_dir: str | os.PathLike[str], record: Mapping[str, An
     qpath, spath = quality_baseline_path(baselines_dir, record), speed_baseline_path(baselines_dir, record)
     quality = speed = None
     if qpath.exists():
-        quality = load_record(qpath)
+        quality = _with_samples(qpath, load_record(qpath))
         _check_same(qpath, quality, record, (("model", "name"), ("model", "weights_sha256")))
     if spath.exists():
-        speed = load_record(spath)
+        speed = _with_samples(spath, load_record(spath))
         _check_same(spath, speed, record, (("model", "name"), ("model", "weights_sha256"), ("machine", "fingerprint")))
-    return Baselines(quality, speed, qpath, spath)
+    extra = record.get("extra") if isinstance(record, Mapping) else None
+    run_code = extra.get("code_digest") if isinstance(extra, Mapping) else None
+    return Baselines(quality, speed, qpath, spath, run_code=run_code)
+
+
+def samples_path(path: Path) -> Path:
+    """The sidecar that holds a baseline's raw samples: ``X.json`` -> ``X.samples.json``."""
+    return path.with_name(path.name[: -len(".json")] + ".samples.json")
+
+
+def _with_samples(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    side = samples_path(path)
+    if not side.exists():
+        return record
+    try:
+        table = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{side}: cannot read the baseline's samples ({exc})") from None
+    if not isinstance(table, dict):
+        raise RecordError(f"{side}: expected {{configuration: {{metric: [samples]}}}}, got {type(table).__name__}")
+    for cid, metrics in table.items():
+        conf = record["configurations"].get(cid)
+        if conf is None or not isinstance(metrics, dict):
+            continue
+        for metric, values in metrics.items():
+            if metric in conf["metrics"] and isinstance(values, list):
+                conf["metrics"][metric]["samples"] = [float(v) for v in values]
+    return record
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
+def _for_review(half: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The half as written (values rounded, no samples) and its samples sidecar's table."""
+    samples: dict[str, dict[str, list[float]]] = {}
+    for cid, conf in half["configurations"].items():
+        for metric, m in conf["metrics"].items():
+            m["value"] = _round(m["value"])
+            if m.get("ci"):
+                m["ci"] = [_round(v) for v in m["ci"]]
+            if m.get("samples"):
+                samples.setdefault(cid, {})[metric] = [_round(v) for v in m.pop("samples")]
+            else:
+                m.pop("samples", None)
+    return half, samples
+
+
+def moved_table(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[list[str]]:
+    """What an update changes: [configuration, metric, old, new, change] for every figure
+    that moved, appeared or went (an unchanged figure is left out)."""
+    rows = []
+    old_configs = old["configurations"] if old else {}
+    new_configs = new["configurations"]
+    for cid in sorted(set(old_configs) | set(new_configs)):
+        a = old_configs.get(cid, {}).get("metrics", {})
+        b = new_configs.get(cid, {}).get("metrics", {})
+        for metric in sorted(set(a) | set(b)):
+            va = a[metric]["value"] if metric in a else None
+            vb = b[metric]["value"] if metric in b else None
+            if va is not None and vb is not None and _round(va) == _round(vb):
+                continue
+            change = "new" if va is None else "gone" if vb is None else (
+                f"{(vb - va) / abs(va) * 100:+.1f}%" if va else f"{vb - va:+.4g}")
+            rows.append([cid, metric, "—" if va is None else f"{va:.4g}", "—" if vb is None else f"{vb:.4g}", change])
+    return rows
+
+
+def _merge_speed(previous: dict[str, Any] | None, half: dict[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """This run's speed half folded into the previous speed baseline of the same machine and
+    code (the last SPEED_RUNS_KEPT runs): each figure the median of the runs' values, samples
+    pooled, and the between-run spread kept per figure."""
+    code = record["extra"].get("code_digest")
+    runs: list[dict[str, Any]] = []
+    pooled: dict[tuple[str, str], list[float]] = {}
+    if previous is not None and previous["extra"].get("code_digest") == code:
+        runs = list(previous["extra"].get("speed_runs") or [])
+        for cid, conf in previous["configurations"].items():
+            for metric, m in conf["metrics"].items():
+                if m.get("samples"):
+                    pooled[(cid, metric)] = list(m["samples"])
+    this_run = {"run_id": record["run_id"], "git_commit": record.get("git_commit"),
+                "values": {cid: {m: _round(v["value"]) for m, v in conf["metrics"].items()}
+                           for cid, conf in half["configurations"].items()}}
+    runs = (runs + [this_run])[-SPEED_RUNS_KEPT:]
+    spread: dict[str, dict[str, float]] = {}
+    for cid, conf in half["configurations"].items():
+        for metric, m in conf["metrics"].items():
+            values = [r["values"][cid][metric] for r in runs if metric in r["values"].get(cid, {})]
+            middle = statistics.median(values)
+            m["value"] = middle
+            if len(values) > 1 and middle:
+                spread.setdefault(cid, {})[metric] = _round((max(values) - min(values)) / abs(middle))
+            if m.get("samples"):
+                per_run = len(m["samples"])
+                # pooled samples of the runs kept (each run's own count), newest last
+                m["samples"] = (pooled.get((cid, metric), []) + list(m["samples"]))[-per_run * SPEED_RUNS_KEPT:]
+    half["extra"] = {**dict(half["extra"]), "speed_runs": runs, "speed_spread": spread}
+    return half
 
 
 def update_baseline(
     record_path_or_obj: str | os.PathLike[str] | Mapping[str, Any],
     baselines_dir: str | os.PathLike[str] = DEFAULT_BASELINES_DIR,
+    *,
+    reason: str | None = None,
+    moved: list[list[str]] | None = None,
 ) -> list[Path]:
     """Promote a run record to the baselines of its weights and engine (quality) and of its
     machine (speed, when it holds timing metrics); return the paths written.
 
     The record is validated first, so a bad record never replaces a good baseline. Each file
-    says who wrote it: ``extra.baseline_written_utc``, ``extra.baseline_source_run_id`` and
-    ``extra.baseline_written_by`` (commit checked out here and hostname). Only the files of
-    this record's engine are touched.
+    says who wrote it and why: ``extra.baseline_written_utc``, ``extra.baseline_source_run_id``,
+    ``extra.baseline_written_by`` (commit checked out here and hostname) and
+    ``extra.baseline_reason``. The speed half joins the previous speed baseline's runs when
+    that one was made on this machine by the same engine code. ``moved``, when given, is
+    filled with :func:`moved_table` rows (old baseline against new). Only the files of this
+    record's engine are touched.
     """
     if isinstance(record_path_or_obj, Mapping):
         record = validate_record(copy.deepcopy(dict(record_path_or_obj)),
@@ -209,19 +360,33 @@ def update_baseline(
     if record["extra"].get("partial"):
         raise RecordError(f"run record {record['run_id']!r} is partial ({record['extra']['partial']}); "
                           "a baseline must come from a complete run")
+    if reason is not None and not reason.strip():
+        raise HarnessInputError("--reason: give a non-empty reason for the baseline update")
     stamp = {
         "baseline_written_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "baseline_source_run_id": record["run_id"],
         "baseline_written_by": {"git_commit": git_commit(), "hostname": socket.gethostname()},
+        "baseline_reason": (reason or "").strip() or None,
     }
+    previous = load_baseline(baselines_dir, record)
     quality, speed = split_by_scope(record)
     written = []
-    for half, path in ((quality, quality_baseline_path(baselines_dir, record)),
-                       (speed, speed_baseline_path(baselines_dir, record))):
+    for half, old, path in ((quality, previous.quality, quality_baseline_path(baselines_dir, record)),
+                            (speed, previous.speed, speed_baseline_path(baselines_dir, record))):
         if half is None:
             continue
+        if path.name.endswith(".speed.json"):
+            half = _merge_speed(old, half, record)
         half["extra"] = {**dict(half["extra"]), **stamp}
+        if moved is not None:
+            moved.extend(moved_table(old, half))
+        half, samples = _for_review(half)
         written.append(atomic_write_json(path, half))
+        side = samples_path(path)
+        if samples:
+            atomic_write_json(side, samples)
+        elif side.exists():
+            side.unlink()
     return written
 
 
@@ -230,7 +395,8 @@ def list_baselines(baselines_dir: str | os.PathLike[str] = DEFAULT_BASELINES_DIR
     directory = Path(baselines_dir)
     if not directory.is_dir():
         return []
-    paths = sorted(p for p in directory.glob("*.json") if p.is_file() and not p.name.startswith("."))
+    paths = sorted(p for p in directory.glob("*.json") if p.is_file() and not p.name.startswith(".")
+                   and not p.name.endswith(".samples.json"))
     return [(p, load_record(p)) for p in paths]
 
 
@@ -243,6 +409,8 @@ def configure_baseline_parser(p: argparse.ArgumentParser) -> None:
     update = sub.add_parser("update", help="promote a run record to the baselines of its weights and engine (quality) and machine (speed)")
     update.add_argument("record", nargs="?", metavar="RECORD",
                         help="run record file (default: the newest under --results)")
+    update.add_argument("--reason", metavar="TEXT", required=True,
+                        help="why the baseline changes (kept in the baseline, shown in review)")
     show = sub.add_parser("show", help="list the baselines and who wrote them")
     for q in (update, show):
         q.add_argument("--results", metavar="DIR", default="results", help="results folder (default: results)")
@@ -262,10 +430,15 @@ def run_baseline(args: argparse.Namespace) -> int:
             if not newest:
                 raise RecordError(f"{Path(args.results) / 'runs'}: no run records to promote (pass RECORD)")
             source = newest[0]
-        for path in update_baseline(source, baselines_dir):
+        moved: list[list[str]] = []
+        for path in update_baseline(source, baselines_dir, reason=args.reason, moved=moved):
             written = load_record(path)
+            runs = len(written["extra"].get("speed_runs") or [])
             print(f"baseline written: {path} (run {written['run_id']}, model {written['model']['name']!r}, "
-                  f"engine {engine_under_test(written)!r}, {len(written['configurations'])} configurations)")
+                  f"engine {engine_under_test(written)!r}, {len(written['configurations'])} configurations"
+                  + (f", speed from {runs} run(s)" if runs else "") + ")")
+        print(tabulate(moved, headers=["configuration", "metric", "old", "new", "change"], disable_numparse=True)
+              if moved else "nothing moved")
         return 0
     if args.baseline_action == "show":
         entries = list_baselines(baselines_dir)

@@ -30,7 +30,7 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Collection, Any, Mapping, Sequence
 
 from rsp_bench import metrics as m
 from rsp_bench.datasets import SquadItem, StructuredDoc, squad_prompt, structured_prompt
@@ -119,20 +119,12 @@ def teacher_forced_all(adapter: EngineAdapter, spec: ConfigSpec, reference: Sequ
 
 
 def code_version() -> str:
-    """A digest of the code that produces reference outputs (the reference engine's sources and
-    the harness's adapters), so a cached reference set is never read by other code."""
-    import hashlib
+    """A digest of the code that produces reference outputs (the reference engine's sources,
+    its native kernel's C included, and the harness's adapters), so a cached reference set is
+    never read by other code."""
+    from rsp_bench.records import code_digest
 
-    import reference_engine
-    import rsp_bench.engines
-
-    digest = hashlib.sha256()
-    for package in (reference_engine, rsp_bench.engines):
-        root = Path(package.__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return code_digest(("reference_engine", "rsp_bench.engines"))
 
 
 def reference_cache_dir(weights_sha256: str) -> Path:
@@ -590,21 +582,38 @@ def worst_possible(metric: str, kind: str, values: Mapping[str, MetricValue]) ->
     return 0.0 if kind == "min" else 1.0
 
 
-def check_budget(values: Mapping[str, MetricValue], bounds: Sequence[Budget]) -> list[str]:
-    """Human-readable violations of ``bounds`` by ``values`` (metrics absent here are not
-    judged: each suite checks the metrics it measured). A bound that no output could break on
-    this set (a delta bound at or below minus the unpruned score, say) is itself a violation:
-    a budget that cannot fail judges nothing."""
+def check_budget(values: Mapping[str, MetricValue], bounds: Sequence[Budget],
+                 measured: Collection[str] | None = None) -> list[str]:
+    """Human-readable violations of ``bounds`` by ``values``.
+
+    Each suite checks the metrics it measured: a bound on a metric absent from ``values`` is
+    skipped, unless the caller names it in ``measured`` (the metrics this suite always records
+    for this row), where an absent metric is a violation: a bound that is never applied judges
+    nothing. A bound that no output could break on this set (a delta bound at or below minus
+    the unpruned score, say) is itself a violation, for the same reason.
+
+    A timing ratio (``rsp_bench.baselines.metric_scope`` "machine") with an interval breaks a
+    ``min`` bound only when its whole 95% interval lies below it, and a ``max`` bound when the
+    whole interval lies above: on a noisy machine a speed floor fails on a decided shortfall,
+    not on a point estimate that noise pushed under it."""
+    from rsp_bench.baselines import metric_scope
+
     failures = []
     for b in bounds:
         mv = values.get(b.metric)
         if mv is None:
+            if measured is not None and b.metric in measured:
+                failures.append(f"{b.describe()} was not applied: this row records no {b.metric} "
+                                "(drop the bound, or record the metric)")
             continue
         worst = worst_possible(b.metric, b.kind, values)
+        timing = metric_scope(b.metric) == "machine" and mv.ci is not None
+        judged = (mv.ci[1] if b.kind == "min" else mv.ci[0]) if timing else mv.value
         if worst is not None and not b.violated_by(worst):
             failures.append(f"{b.describe()} cannot fail on this set: the worst possible output scores {worst:.4g} "
                             "(tighten the bound, or drop it and say why in the budget file)")
-        elif b.violated_by(mv.value):
+        elif b.violated_by(judged):
             ci = f" (95% CI {mv.ci[0]:.4g}..{mv.ci[1]:.4g}, n={mv.n})" if mv.ci else f" (n={mv.n})"
-            failures.append(f"{b.metric} = {mv.value:.4g}{ci} breaks {b.describe()}")
+            whole = ", the whole interval beyond it" if timing else ""
+            failures.append(f"{b.metric} = {mv.value:.4g}{ci} breaks {b.describe()}{whole}")
     return failures

@@ -24,6 +24,7 @@ file on every run of ``suites/``.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -252,6 +253,34 @@ def test_throughput_record(batch, benches, rsp_engine, rsp_record, roofline):
     for proj in projected.values():
         tps = [proj[f"projected_tokens_per_s_{p}"] for p in ("V100", "A100", "H100")]
         assert tps == sorted(tps), f"projected V100 <= A100 <= H100 fails: {tps}"
+
+    # --- portable speed budgets: ratios of this run, judged on any machine (suites/budgets.toml)
+    if batch == 1:
+        failures = _speed_budget_failures(stored, benches.specs)
+        assert not failures, "over a portable speed budget:\n  " + "\n  ".join(failures)
+
+
+# What each reference row always records at batch 1: a bound on one of these that the row
+# lacks is a failure, not a skip (a budget that is never applied judges nothing).
+_SPEED_MEASURED = {"off": ("roofline_fraction", "speedup_vs_hf_generate"), "lossy": ("speedup_over_ideal",),
+                   "lossless": ("speedup_vs_off",)}
+
+
+def _speed_budget_failures(stored: dict, specs: dict) -> list[str]:
+    from rsp_bench.baselines import metric_scope
+    from rsp_bench.quality import MetricValue, budget_for, check_budget, load_budgets
+
+    budgets = load_budgets(Path(__file__).with_name("budgets.toml"))
+    failures = []
+    for config_id, spec in specs.items():
+        bounds = [b for b in budget_for(budgets, spec) or () if metric_scope(b.metric) == "machine"]
+        if not bounds or config_id not in stored:
+            continue
+        values = {name: MetricValue(m["value"], m["n"], tuple(m["ci"]) if m.get("ci") else None, m["unit"])
+                  for name, m in stored[config_id]["metrics"].items()}
+        measured = _SPEED_MEASURED.get(spec.mode, ()) if spec.engine == "reference" else None
+        failures += [f"{config_id}: {f}" for f in check_budget(values, bounds, measured=measured)]
+    return failures
 
 
 # --------------------------------------------------------------------------- measured GPU

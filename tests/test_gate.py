@@ -119,7 +119,7 @@ def test_user_policy_is_layered_over_the_default(tmp_path: Path) -> None:
     [
         ('[metrics]\ntop1_agreement = { direction = "up", abs = 0.02 }', "direction 'up' must be one of"),
         ('[metrics]\ntop1_agreement = { direction = "higher" }', "needs a tolerance"),
-        ('[metrics]\ntop1_agreement = { direction = "higher", abs = 0.1, rel = 0.1 }', "not both"),
+        ('[metrics]\ntop1_agreement = { direction = "higher", abs = 0.1, rel = 0.1 }', "not abs and rel"),
         ('[metrics]\ntop1_agreement = { direction = "higher", abs = -0.1 }', "abs tolerance -0.1"),
         ('[metrics]\ntop1_agreement = { direction = "higher", abs = 0.1, tol = 1 }', "unknown key(s) 'tol'"),
         ('[metrics]\ntop1_agreement = { direction = "higher", rel = 0.1, significance = "yes" }', "significance 'yes'"),
@@ -212,11 +212,11 @@ def test_lower_is_better_metrics() -> None:
 
 
 def test_info_new_and_missing_never_fail() -> None:
-    base = _record(extra_metrics={"bypass_ratio": 0.2, "kl_p99": 1.0}, configs=(LOSSY, "reference/off"))
-    run = _record(extra_metrics={"bypass_ratio": 0.9, "my_engine_metric": 3.0}, configs=(LOSSY, "hf-generate/off"))
+    base = _record(extra_metrics={"blocks_executed_per_token": 0.2, "kl_p99": 1.0}, configs=(LOSSY, "reference/off"))
+    run = _record(extra_metrics={"blocks_executed_per_token": 0.9, "my_engine_metric": 3.0}, configs=(LOSSY, "hf-generate/off"))
     report = compare(base, run)
     assert report.passed
-    assert _verdict(report, "bypass_ratio") == "info"
+    assert _verdict(report, "blocks_executed_per_token") == "info"
     assert _verdict(report, "my_engine_metric") == "new"
     assert _verdict(report, "kl_p99") == "missing"
     assert _verdict(report, "(all)", config="reference/off") == "missing"
@@ -329,3 +329,185 @@ def test_ci_mode_fails_a_quality_figure_that_improved_but_not_a_faster_run() -> 
     assert "1 quality figure(s) improved" in problem and f"{LOSSY} top1_agreement" in problem
     faster = compare(base, _record(top1=0.90, speedups=[1.5] * 8))
     assert _verdict(faster, "speedup_vs_off") == "improved" and faster.ci_problems() == []
+
+
+# --------------------------------------------------------------------------- issue 24: every check can fail
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _speed_only(record: dict, config: str = "served-reference-load/off") -> dict:
+    record["configurations"][config] = {"engine": "served-reference", "mode": "off", "sensitivity": None,
+                                        "params": {}, "metrics": {
+                                            "load_tokens_per_s": {"value": 40.0, "n": 12, "ci": None, "unit": "tokens/s"}}}
+    return record
+
+
+def test_a_never_seen_machine_passes_ci_with_speed_reported_not_gated(tmp_path: Path) -> None:
+    baselines = tmp_path / "baselines"
+    update_baseline(_speed_only(_record(top1=0.9, speedups=[1.2] * 8)), baselines)
+    run = _speed_only(_record(top1=0.9, speedups=[1.1] * 8))
+    run["machine"] = {**run["machine"], "fingerprint": "0123456789ab"}
+    found = load_baseline(baselines, run)
+    report = compare(found.merged(), run, speed_gated=found.speed_problem() is None,
+                     speed_reason=found.speed_problem() or "")
+    assert report.passed and report.ci_problems() == []
+    assert _verdict(report, "load_tokens_per_s", "served-reference-load/off") == "info"
+    assert "not gated" in report.speed_line() and "rsp-bench ab" in report.speed_line()
+
+
+def test_the_committed_baseline_run_relabelled_as_a_new_machine_passes_rsp_bench_gate_ci(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    source = REPO / "results" / "runs" / "20261201T201311Z-e6cc18.json"
+    record = json.loads(source.read_text(encoding="utf-8"))
+    record["machine"] = {**record["machine"], "fingerprint": "000000000000"}
+    relabelled = tmp_path / "run.json"
+    relabelled.write_text(json.dumps(record), encoding="utf-8")
+    code = run_gate(_args(["--run", str(relabelled), "--baselines", str(REPO / "results" / "baselines"), "--ci"]))
+    out = capsys.readouterr()
+    assert code == 0, out.out[-2000:] + out.err
+    assert "speed: reported, not gated" in out.out
+
+
+def test_holm_controls_the_family_and_keeps_a_clear_signal() -> None:
+    from rsp_bench.gate import holm_reject
+
+    assert holm_reject([0.001, 0.02, 0.04], 0.05) == [True, True, True]   # 0.05/3, 0.05/2, 0.05/1
+    assert holm_reject([0.02, 0.001, 0.04], 0.05) == [True, True, True]
+    assert holm_reject([0.03, 0.001, 0.04], 0.05) == [False, True, False]  # 0.03 > 0.05/2 stops it
+    assert holm_reject([0.004, 0.004, 0.004, 0.004, 0.004, 0.004], 0.01) == [False] * 6
+    # A real shift of one metric among many unchanged ones is still caught.
+    rng = random.Random(11)
+    base = _record(speedups=_noisy(rng, 1.5), extra_metrics={})
+    run = _record(speedups=_noisy(rng, 1.1))
+    assert _verdict(compare(base, run), "speedup_vs_off") == "regressed"
+
+
+def test_unchanged_timing_reruns_with_seven_metrics_fail_under_one_in_twenty() -> None:
+    # Seven timing tests a comparison (as in a quick CI run), 200 unchanged reruns.
+    names = [f"speedup_vs_off_{i}" for i in range(7)]
+    policy_rules = load_policy()
+    failures = 0
+    rng = random.Random(5)
+    for _ in range(200):
+        b = RunRecordBuilder(model_name="tiny", machine=MACHINE, commit=None, versions_info=VERSIONS, quick=False)
+        r = RunRecordBuilder(model_name="tiny", machine=MACHINE, commit=None, versions_info=VERSIONS, quick=False)
+        for name in names:
+            for builder in (b, r):
+                xs = _noisy(rng, 1.5, noise=0.15, n=24)
+                builder.add_metric(f"c/{name}", "speedup_vs_off", statistics.median(xs), n=24, unit="x", samples=xs)
+        failures += not compare(b.build(1.0), r.build(1.0), policy_rules).passed
+    assert failures / 200 < 0.05
+
+
+def test_a_fraction_at_its_floor_is_reported_not_gated() -> None:
+    base = _record(extra_metrics={"squad_em": 0.0})
+    for key in ("squad_em",):
+        base["configurations"][LOSSY]["metrics"][key]["unit"] = "fraction"
+    run = _record(extra_metrics={"squad_em": 0.0})
+    run["configurations"][LOSSY]["metrics"]["squad_em"]["unit"] = "fraction"
+    (row,) = [r for r in compare(base, run).rows if r["metric"] == "squad_em"]
+    assert row["verdict"] == "info" and "floor" in row["note"]
+
+
+def test_flips_tolerate_one_prompt_and_fail_two() -> None:
+    def rec(value: float, n: int) -> dict:
+        b = RunRecordBuilder(model_name="tiny", machine=MACHINE, commit=None, versions_info=VERSIONS, quick=True)
+        b.add_metric(LOSSY, "exact_match_rate", value, n=n, unit="fraction")
+        return b.build(wall_time_s=1.0)
+
+    assert _verdict(compare(rec(0.5, 8), rec(0.375, 8)), "exact_match_rate") == "ok"       # one of 8 flipped
+    assert _verdict(compare(rec(0.5, 8), rec(0.25, 8)), "exact_match_rate") == "regressed"  # two of 8
+    assert _verdict(compare(rec(0.5, 40), rec(0.45, 40)), "exact_match_rate") == "regressed"  # two of 40
+    row = next(r for r in compare(rec(0.5, 8), rec(0.5, 8)).rows if r["metric"] == "exact_match_rate")
+    assert row["tolerance"] == "↑ ±1/8"
+
+
+def test_pruning_that_stops_fails_on_the_bypass_ratio() -> None:
+    base = _record(extra_metrics={"bypass_ratio": 0.022})
+    base["configurations"][LOSSY]["metrics"]["bypass_ratio"]["unit"] = "fraction"
+    stopped = _record(extra_metrics={"bypass_ratio": 0.0})
+    assert _verdict(compare(base, stopped), "bypass_ratio") == "regressed"
+    assert _verdict(compare(base, _record(extra_metrics={"bypass_ratio": 0.021})), "bypass_ratio") == "ok"
+
+
+def test_ci_fails_what_the_run_lost_and_quality_nothing_judged() -> None:
+    base = _record(top1=0.9, extra_metrics={"kl_mean": 0.1}, configs=(LOSSY, "reference/off"))
+    lost_config = compare(base, _record(top1=0.9, extra_metrics={"kl_mean": 0.1}))
+    assert any("not in this run" in p and "reference/off" in p for p in lost_config.ci_problems())
+    lost_metric = compare(base, _record(top1=0.9, configs=(LOSSY, "reference/off")))
+    assert any("kl_mean" in p for p in lost_metric.ci_problems())
+    unjudged = compare(_record(top1=0.9), _record(top1=0.9, extra_metrics={"kl_mean": 0.1}))
+    assert any("no baseline value" in p for p in unjudged.ci_problems())
+    # a quick run against a full baseline holds a subset: losing rows is expected there
+    assert not [p for p in compare(base, _record(top1=0.9, quick=True)).ci_problems() if "not in this run" in p]
+
+
+def test_rsp_bench_gate_honours_contended_timings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    baselines = tmp_path / "baselines"
+    for _ in range(3):
+        update_baseline(_record(top1=0.9, speedups=[1.5] * 12), baselines)
+    slow = _record(top1=0.9, speedups=[0.7] * 12)
+    path = write_record(slow, tmp_path / "results")
+    assert run_gate(_args(["--run", str(path), "--baselines", str(baselines)])) == 1
+    capsys.readouterr()
+    slow["extra"]["contended"] = "2 workers on 1 host(s)"
+    path = write_record(slow, tmp_path / "results2")
+    assert run_gate(_args(["--run", str(path), "--baselines", str(baselines)])) == 0
+    assert "contention" in capsys.readouterr().out
+
+
+def test_a_speed_baseline_gates_from_three_runs_of_the_same_code_and_a_stale_one_not(tmp_path: Path) -> None:
+    baselines = tmp_path / "baselines"
+
+    def run(code: str, center: float) -> dict:
+        r = _record(top1=0.9, speedups=[center] * 12)
+        r["extra"]["code_digest"] = code
+        return r
+
+    for i in range(2):
+        update_baseline(run("aaaa", 1.5), baselines)
+        found = load_baseline(baselines, run("aaaa", 1.5))
+        assert found.speed_runs == i + 1 and "3 are needed" in found.speed_problem()
+    update_baseline(run("aaaa", 1.6), baselines)
+    found = load_baseline(baselines, run("aaaa", 1.5))
+    assert found.speed_runs == 3 and found.speed_problem() is None
+    assert found.spread()[(LOSSY, "speedup_vs_off")] == pytest.approx(0.1 / 1.5, rel=1e-3)
+    stale = load_baseline(baselines, run("bbbb", 1.5))
+    assert "stale" in stale.speed_problem() and "aaaa" in stale.speed_problem()
+    # the next update on other code starts the speed baseline over
+    update_baseline(run("bbbb", 1.5), baselines)
+    assert load_baseline(baselines, run("bbbb", 1.5)).speed_runs == 1
+
+
+def test_a_baseline_update_is_reviewable(tmp_path: Path) -> None:
+    import json
+
+    from rsp_bench.baselines import samples_path
+
+    baselines = tmp_path / "baselines"
+    update_baseline(_record(top1=0.123456789, speedups=[1.2345678] * 8), baselines, reason="first")
+    moved: list[list[str]] = []
+    quality, speed = update_baseline(_record(top1=0.9, speedups=[1.2345678] * 8), baselines,
+                                     reason="kernel v2", moved=moved)
+    assert [row[:2] for row in moved if row[1] == "top1_agreement"] == [[LOSSY, "top1_agreement"]]
+    written = json.loads(quality.read_text())
+    assert written["extra"]["baseline_reason"] == "kernel v2"
+    assert written["configurations"][LOSSY]["metrics"]["top1_agreement"]["value"] == 0.9
+    sp = json.loads(speed.read_text())
+    assert "samples" not in sp["configurations"][LOSSY]["metrics"]["speedup_vs_off"]
+    assert json.loads(samples_path(speed).read_text())[LOSSY]["speedup_vs_off"] == [1.23457] * 16  # two runs pooled
+    found = load_baseline(baselines, _record())
+    assert found.speed["configurations"][LOSSY]["metrics"]["speedup_vs_off"]["samples"]
+    with pytest.raises(Exception, match="reason"):
+        update_baseline(_record(), baselines, reason="  ")
+
+
+def test_gate_markdown_is_a_pull_request_comment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_record(_record(top1=0.9), tmp_path / "a")
+    run = write_record(_record(top1=0.5), tmp_path / "b")
+    assert run_gate(_args(["--baseline", str(base), "--run", str(run), "--markdown"])) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("### rsp-bench gate **FAILED**") and "| REGRESSED" in out.replace("|  ", "| ")

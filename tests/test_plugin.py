@@ -102,6 +102,11 @@ def test_defaults_and_config_parametrization(pytester: pytest.Pytester) -> None:
     (["--rsp-model", "/no/such/model"], "'/no/such/model'"),
     (["--rsp-subset-seed", "-1"], "'-1'"),
     (["--rsp-subset-seed", "1", "--rsp-update-baseline"], "1"),
+    # CI mode judges the run: an option that skips the gate is refused, not obeyed silently
+    (["--rsp-ci", "--rsp-no-gate"], "--rsp-no-gate"),
+    (["--rsp-ci", "--rsp-update-baseline"], "--rsp-update-baseline"),
+    (["--rsp-ci", "--rsp-subset-seed", "2"], "--rsp-subset-seed"),
+    (["--rsp-reason", "why"], "'why'"),
 ])
 def test_bad_option_is_a_usage_error_naming_the_value(pytester: pytest.Pytester, args, named) -> None:
     pytester.makepyfile(test_x="def test_x(): pass")
@@ -117,6 +122,13 @@ def test_session_without_metrics_writes_nothing(pytester: pytest.Pytester) -> No
     assert result.ret == 0
     assert not (pytester.path / "out").exists()
     assert "run record" not in result.stdout.str()
+
+
+def test_a_ci_session_that_recorded_nothing_fails(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain="def test_plain(): assert True")
+    result = pytester.runpytest("--rsp-results", "out", "--rsp-ci")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "recorded no metric" in result.stdout.str()
 
 
 def test_record_written_at_session_end(pytester: pytest.Pytester, tiny_model_dir: Path) -> None:

@@ -150,10 +150,14 @@ def test_reference_outputs_know_their_own_configuration() -> None:
 def test_repository_budgets_load_and_apply() -> None:
     budgets = load_budgets(REPO / "suites" / "budgets.toml")
     off = budget_for(budgets, ConfigSpec("reference/off", "reference", "off", None))
-    assert {b.describe().split(" (")[0] for b in off} >= {"exact_match_rate >= 1", "squad_f1_delta <= 0"}
+    assert {b.describe().split(" (")[0] for b in off} >= {"exact_match_rate >= 1", "roofline_fraction >= 0.45"}
+    # reference/off records no deltas (it is the anchor): no delta bound may sit in [off]
+    assert not [b for b in off if b.metric.endswith("_delta")]
     assert budget_for(budgets, ConfigSpec("reference/lossless/s=0.50", "reference", "lossless", 0.5))
     assert budget_for(budgets, ConfigSpec("reference/lossy/s=0.50", "reference", "lossy", 0.5))
-    assert budget_for(budgets, ConfigSpec("reference/lossy/s=0.37", "reference", "lossy", 0.37)) is None
+    # a sensitivity without its own table gets the bounds of every lossy row (the speed floor) only
+    odd = budget_for(budgets, ConfigSpec("reference/lossy/s=0.37", "reference", "lossy", 0.37))
+    assert [b.metric for b in odd] == ["speedup_over_ideal"]
     assert budget_for(budgets, ConfigSpec("x/weird", "x", "weird", None)) is None
 
 
@@ -267,6 +271,11 @@ def _planted(unpruned: dict[str, float], worst: bool) -> dict[str, MetricValue]:
         "kl_mean": f(kl, "nats"), "kl_p99": f(kl, "nats"),
         "squad_f1": f(squad_f1), "squad_f1_delta": f(squad_f1 - unpruned["squad_f1"]),
         "json_field_f1": f(json_f1), "json_field_f1_delta": f(json_f1 - unpruned["json_field_f1"]),
+        # a planted engine at half its speed: every interval wholly under every portable floor
+        "roofline_fraction": MetricValue(0.2, 12, (0.1, 0.3), "fraction"),
+        "speedup_vs_hf_generate": MetricValue(0.5, 12, (0.45, 0.55), "x"),
+        "speedup_over_ideal": MetricValue(0.5, 12, (0.45, 0.55), "x"),
+        "speedup_vs_off": MetricValue(0.5, 12, (0.45, 0.55), "x"),
     }
 
 
@@ -324,3 +333,24 @@ def load_budgets_text(text: str) -> list:
         path = Path(d) / "b.toml"
         path.write_text(text)
         return list(load_budgets(path)["lossy"]["all"].values())
+
+
+def test_a_bound_the_row_should_record_but_lacks_fails() -> None:
+    from rsp_bench.quality import Budget
+
+    bound = Budget("squad_f1_delta", "min", 0.0, "test")
+    values = {"squad_f1": MetricValue(0.2, 12, None, "fraction")}
+    assert check_budget(values, [bound]) == []  # not this suite's metric: skipped
+    (failure,) = check_budget(values, [bound], measured=("squad_f1", "squad_f1_delta"))
+    assert "was not applied" in failure and "squad_f1_delta" in failure
+
+
+def test_a_speed_floor_fails_only_on_a_whole_interval_below_it() -> None:
+    from rsp_bench.quality import Budget
+
+    floor = Budget("speedup_over_ideal", "min", 0.9, "test")
+    straddles = {"speedup_over_ideal": MetricValue(0.88, 24, (0.85, 0.93), "x")}
+    below = {"speedup_over_ideal": MetricValue(0.80, 24, (0.76, 0.84), "x")}
+    assert check_budget(straddles, [floor]) == []
+    (failure,) = check_budget(below, [floor])
+    assert "whole interval" in failure

@@ -59,6 +59,7 @@ class RspOptions:
     ci: bool = False
     engine_url: str | None = None
     engine_model: str | None = None
+    reason: str | None = None
 
 
 # --------------------------------------------------------------------------- options
@@ -92,6 +93,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="model name to ask a served engine for (default: the first of its /v1/models)")
     group.addoption("--rsp-update-baseline", action="store_true", default=False,
                     help="promote this session's run record to the baseline (no gating)")
+    group.addoption("--rsp-reason", metavar="TEXT", default=None,
+                    help="with --rsp-update-baseline: why the baseline changes (kept in the baseline for review)")
     group.addoption("--rsp-no-gate", action="store_true", default=False,
                     help="write the record but do not compare it with the baseline")
     group.addoption("--rsp-max-new-tokens", metavar="N", default=None,
@@ -181,6 +184,19 @@ def _parse_options(config: pytest.Config) -> RspOptions:
     subset_seed = int(raw_seed)
     if subset_seed and config.getoption("--rsp-update-baseline"):
         raise pytest.UsageError(f"--rsp-update-baseline needs the baseline's prompts: drop --rsp-subset-seed {raw_seed}")
+    ci = bool(config.getoption("--rsp-ci"))
+    if ci:
+        # CI mode exists to judge the run: an option that skips the gate would let it exit 0
+        # having judged nothing.
+        for flag, skips in (("--rsp-no-gate", bool(config.getoption("--rsp-no-gate"))),
+                            ("--rsp-update-baseline", bool(config.getoption("--rsp-update-baseline"))),
+                            ("--rsp-subset-seed", subset_seed != 0)):
+            if skips:
+                raise pytest.UsageError(f"--rsp-ci judges the run against its baseline, and {flag} skips that gate: "
+                                        f"drop one of the two")
+    reason = config.getoption("--rsp-reason")
+    if reason is not None and (not config.getoption("--rsp-update-baseline") or not str(reason).strip()):
+        raise pytest.UsageError(f"--rsp-reason {reason!r}: give a non-empty reason, together with --rsp-update-baseline")
     folders = {}
     for flag in ("--rsp-results", "--rsp-baselines"):
         folder = Path(config.getoption(flag)).expanduser()
@@ -197,5 +213,5 @@ def _parse_options(config: pytest.Config) -> RspOptions:
                       results_dir=results, update_baseline=bool(config.getoption("--rsp-update-baseline")),
                       gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new,
                       subset_seed=subset_seed, baselines_dir=folders["--rsp-baselines"],
-                      ci=bool(config.getoption("--rsp-ci")), engine_url=config.getoption("--rsp-engine-url"),
-                      engine_model=config.getoption("--rsp-engine-model"))
+                      ci=ci, engine_url=config.getoption("--rsp-engine-url"),
+                      engine_model=config.getoption("--rsp-engine-model"), reason=reason)

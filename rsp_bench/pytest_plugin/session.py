@@ -101,8 +101,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         state.summary.append(f"ERROR: distributed run: {worker_problem}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if not _has_metrics(state.builder):
+        if state.options.ci and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            # A CI session that recorded nothing judged nothing: every suite skipped or deselected.
+            state.summary.append("rsp-bench gate FAILED (--rsp-ci): this session recorded no metric, so nothing "
+                                 "was gated (were the suites deselected or all skipped?)")
+            state.failed_gate = True
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
-    from rsp_bench.baselines import load_baseline, update_baseline
+    from rsp_bench.baselines import load_baseline, moved_table, update_baseline
+    from rsp_bench.records import code_digest
     from rsp_bench.errors import HarnessInputError
     from rsp_bench.gate import compare
 
@@ -120,6 +127,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if options.engine != "reference" and comparators:
         # Rows of other engines in this engine's record are there only as what it is compared with.
         builder.set_extra("comparators", comparators)
+    builder.set_extra("code_digest", code_digest())
     try:
         _ensure_model(state)
         record = builder.build(wall_time_s=round(time.monotonic() - state.started, 3))
@@ -143,8 +151,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             if partial:
                 fail(f"baseline not updated: the run is partial ({partial})")
                 return
-            for written in update_baseline(record, options.baselines_dir):
+            moved: list[list[str]] = []
+            for written in update_baseline(record, options.baselines_dir, reason=options.reason, moved=moved):
                 lines.append(f"baseline updated: {written}")
+            if not options.reason:
+                lines.append("warning: no --rsp-reason given: the baseline records no reason for this update")
+            from tabulate import tabulate
+
+            lines.append("what moved:\n" + (tabulate(moved, headers=["configuration", "metric", "old", "new", "change"],
+                                                     disable_numparse=True) if moved else "nothing"))
             return
         if not options.gate:
             lines.append("gate: skipped (--rsp-no-gate)")
@@ -167,15 +182,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             lines.append(f"warning: {message}; nothing gated")
         return
     contended = record["extra"].get("contended")
-    reason = (f"timings taken under contention: {contended}" if contended
-              else "no speed baseline for this machine")
-    report = compare(baseline, record, speed_gated=found.speed is not None and not contended, speed_reason=reason)
+    reason = (f"timings taken under contention: {contended} (run speed with one worker per host)" if contended
+              else found.speed_problem())
+    report = compare(baseline, record, speed_gated=reason is None, speed_reason=reason or "",
+                     spread=found.spread())
     lines.append(report.format_table())
-    if contended:
-        lines.append(f"speed: reported, not gated: measured with {contended} (run speed with one worker per host)")
-    elif found.speed is None:
-        lines.append(f"speed: reported, not gated: no speed baseline for machine {record['machine']['fingerprint']} "
-                     f"({found.speed_path.name}); quality gated against {found.quality_path.name}")
     if not report.passed:
         state.failed_gate = True
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

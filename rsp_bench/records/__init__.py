@@ -43,7 +43,7 @@ passed in by the caller), so that the gate and leaderboard work on a machine wit
 from __future__ import annotations
 
 from rsp_bench.records.builder import RunRecordBuilder, new_record, new_run_id, parse_config_id
-from rsp_bench.records.environment import git_commit, machine_fingerprint, machine_info, versions
+from rsp_bench.records.environment import code_digest, git_commit, machine_fingerprint, machine_info, versions
 from rsp_bench.records.files import latest_records, load_record, record_paths, record_sort_key, write_record
 from rsp_bench.records.schema import (
     KNOWN_METRICS,
@@ -69,7 +69,7 @@ __all__ = [
     "machine_info",
     "machine_fingerprint",
     "versions",
-    "git_commit",
+    "git_commit", "code_digest",
     "parse_config_id",
     "validate_record",
     "write_record",

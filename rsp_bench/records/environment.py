@@ -19,7 +19,7 @@ import socket
 import subprocess
 from typing import Any
 
-__all__ = ["machine_info", "machine_fingerprint", "versions", "git_commit"]
+__all__ = ["machine_info", "machine_fingerprint", "versions", "git_commit", "code_digest", "ENGINE_CODE_PACKAGES"]
 
 
 # Sentinel for "detect it yourself" where None is a legitimate value (no GPU, no git).
@@ -77,6 +77,36 @@ def _gpu_name() -> str | None:
     if len(set(names)) == 1 and len(names) > 1:
         return f"{len(names)}x {names[0]}"
     return " + ".join(names)
+
+
+# The packages whose sources decide what an in-process engine computes and how fast: the
+# reference engine (Python and the native kernel's C), and the harness's adapters and timers.
+ENGINE_CODE_PACKAGES = ("reference_engine", "rsp_bench.engines", "rsp_bench.speed")
+_CODE_SUFFIXES = (".py", ".c", ".h")
+
+
+def code_digest(packages: tuple[str, ...] = ENGINE_CODE_PACKAGES) -> str:
+    """A 16-hex digest of the named packages' source files (.py, .c, .h), found without
+    importing them: two records with the same digest ran the same engine code. Packages that
+    are not installed count as absent (their name is hashed with nothing after it)."""
+    import importlib.util
+    from pathlib import Path
+
+    digest = hashlib.sha256()
+    for package in packages:
+        digest.update(package.encode())
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        for location in locations:
+            root = Path(location)
+            for path in sorted(q for q in root.rglob("*") if q.suffix in _CODE_SUFFIXES and q.is_file()
+                               and "__pycache__" not in q.parts):
+                digest.update(path.relative_to(root).as_posix().encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def machine_fingerprint(cpu: str, cores: int, memory_gb: float, gpu: str | None) -> str:
