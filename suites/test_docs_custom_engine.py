@@ -4,7 +4,8 @@ an unchanged rerun under --rsp-ci, and fails the gate once made worse the way th
 (``max_skipped = 2``); the reference engine's baseline stays byte for byte as it was.
 
 The inner sessions run the real suites/test_equivalence.py with its budgets in a temporary
-folder, at reduced sizes (--rsp-max-new-tokens), with their own results and baselines folders:
+folder, each in its own process (an in-process nested session re-registers torch operators and
+breaks every later model load of the outer session, so the suites would depend on their order), at reduced sizes (--rsp-max-new-tokens), with their own results and baselines folders:
 nothing here writes to the project's results/. Skipped under another --rsp-engine (it tests the
 page, not that engine).
 
@@ -50,7 +51,7 @@ def test_example_engine_is_baselined_gated_and_caught_when_worse(pytester: pytes
     if rsp_options.model:
         args += ["--rsp-model", str(rsp_options.model)]
 
-    result = pytester.runpytest(*args, "--rsp-update-baseline")
+    result = pytester.runpytest_subprocess(*args, "--rsp-update-baseline", "--rsp-reason", "docs example")
     assert result.ret == 0, result.stdout.str()[-3000:]
     [quality] = baselines.glob("*__skip-odd.json")
     record = load_record(quality)
@@ -58,12 +59,12 @@ def test_example_engine_is_baselined_gated_and_caught_when_worse(pytester: pytes
     assert record["extra"]["comparators"] == ["reference/off"]
     assert reference.read_bytes() == before
 
-    result = pytester.runpytest(*args, "--rsp-ci")  # unchanged rerun: the page's expected verdict
+    result = pytester.runpytest_subprocess(*args, "--rsp-ci")  # unchanged rerun: the page's expected verdict
     assert result.ret == 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*rsp-bench gate PASSED*"])
 
     pytester.makepyfile(my_engine_adapter=adapter_code.replace("max_skipped = 1", "max_skipped = 2"))
-    result = pytester.runpytest(*args, "--rsp-ci")
+    result = pytester.runpytest_subprocess(*args, "--rsp-ci")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*skip-odd/static/s=0.50*top1_agreement*REGRESSED*", "*rsp-bench gate FAILED*"])
     assert reference.read_bytes() == before
