@@ -476,16 +476,17 @@ def create_app(engine: "Engine", settings: ServerSettings) -> Guard:
         return Response(body, media_type=content_type)
 
     _openapi_with_request_models(app, [S.ChatCompletionRequest, S.CompletionRequest, S.TokenizeRequest,
-                                       S.DetokenizeRequest])
+                                       S.DetokenizeRequest], sorted({model_name, engine.name}))
     guarded = Guard(app, observe=metrics.observe, max_body_bytes=lim.max_body_bytes, api_key=settings.api_key,
                     allowed_hosts=settings.allowed_hosts)
     guarded.state = app.state  # type: ignore[attr-defined]
     return guarded
 
 
-def _openapi_with_request_models(app: FastAPI, models: list[type]) -> None:
+def _openapi_with_request_models(app: FastAPI, models: list[type], names: list[str]) -> None:
     """The routes read their bodies themselves (to parse off the event loop, after admission),
-    so FastAPI does not see the request models: add them to the schema it serves."""
+    so FastAPI does not see the request models: add them to the schema it serves, with ``model``
+    narrowed to the names this server answers (anything else is a 404)."""
     from pydantic.json_schema import models_json_schema
 
     base = app.openapi
@@ -495,7 +496,12 @@ def _openapi_with_request_models(app: FastAPI, models: list[type]) -> None:
             return app.openapi_schema
         schema = base()
         _, defs = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+        defs = defs.get("$defs", {})
+        for m in models:
+            if "model" in defs[m.__name__].get("properties", {}):
+                defs[m.__name__]["properties"]["model"] = {"anyOf": [{"enum": names}, {"type": "null"}],
+                                                           "title": "Model"}
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(defs)
         app.openapi_schema = schema
         return schema
 

@@ -13,6 +13,7 @@ process, as in the unit tests, do not share counters).
     rsp_cancelled_requests_total{reason} engine calls cut short: disconnect, timeout, shutdown
     rsp_decode_steps_after_cancel       decode steps a cancelled call took after the cancel (histogram)
     rsp_worker_alive                    1 while the engine worker thread runs, 0 once it died or hung
+    process_resident_memory_bytes, ...  prometheus_client's process metrics (Linux)
 
 Every answered request is counted in rsp_requests_total, 5xx included (guard.py observes them).
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               generate_latest)
 
 _PATHS = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/tokenizer_info",
           "/v1/models", "/health", "/metrics")
@@ -33,6 +35,7 @@ class ServerMetrics:
     def __init__(self, queue_depth: Callable[[], int], worker_alive: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes: the soak test reads it
         self.requests = Counter("rsp_requests", "answered requests", ["path", "status"], registry=r)
         self.latency = Histogram("rsp_request_latency_seconds", "request latency", ["path"], registry=r,
                                  buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
