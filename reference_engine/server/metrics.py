@@ -12,6 +12,7 @@ process, as in the unit tests, do not share counters).
     rsp_batch_size                      requests per engine call (histogram; 1: run alone)
     rsp_cancelled_requests_total{reason} engine calls cut short: disconnect, timeout, shutdown
     rsp_decode_steps_after_cancel       decode steps a cancelled call took after the cancel (histogram)
+    rsp_cancelled_decoded_tokens        tokens a cancelled call decoded in all (histogram)
     rsp_worker_alive                    1 while the engine worker thread runs, 0 once it died or hung
     process_resident_memory_bytes, ...  prometheus_client's process metrics (Linux)
 
@@ -54,6 +55,8 @@ class ServerMetrics:
         alive = Gauge("rsp_worker_alive", "1 while the engine worker runs", registry=r)
         alive.set_function(lambda: float(worker_alive()))
         self.cancelled = Counter("rsp_cancelled_requests", "engine calls cut short", ["reason"], registry=r)
+        self.cancelled_tokens = Histogram("rsp_cancelled_decoded_tokens", "tokens a cancelled call decoded in all",
+                                          registry=r, buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256))
         self.steps_after_cancel = Histogram("rsp_decode_steps_after_cancel",
                                             "decode steps taken after a cancel was set", registry=r,
                                             buckets=(0, 1, 2, 3, 5, 8, 16, 64))
@@ -71,6 +74,8 @@ class ServerMetrics:
         """A worker.Cancel whose job finished: why, and how many steps it took to stop."""
         self.cancelled.labels(str(cancel.reason)).inc()
         steps = cancel.steps_after()
+        if cancel.at_stop is not None:
+            self.cancelled_tokens.observe(cancel.at_stop)
         if steps is not None:
             self.steps_after_cancel.observe(steps)
 

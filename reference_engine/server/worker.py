@@ -199,7 +199,8 @@ class EngineWorker:
             ticket = self.admit()
         fut: cf.Future = cf.Future()
         now = time.monotonic()
-        job = _Job(fut, fn if key is None else None, key, item, batch_fn, now, cancel or Cancel(),
+        job = _Job(fut, fn if key is None else None, key, item, batch_fn, now,
+                   cancel if cancel is not None else Cancel(),  # not `or`: an unset Cancel is falsy
                    now + self.timeout_s if self.timeout_s is not None else float("inf"))
         with self._cv:
             try:
@@ -370,7 +371,7 @@ async def run_guarded(worker: EngineWorker, fn: Callable[[], Any] | None, is_dis
                       poll_s: float = 0.25, cancel: Cancel | None = None, **batch: Any) -> Any:
     """Submit ``fn`` (or a batchable job: ``key``, ``item``, ``batch_fn``) and wait for it. If the
     client disconnects, a queued job is dropped and a running one told to stop (``cancel``)."""
-    cancel = cancel or Cancel()
+    cancel = cancel if cancel is not None else Cancel()
     fut = worker.submit(fn, cancel=cancel, **batch)
     try:
         while True:
