@@ -13,6 +13,11 @@ them, ``kl_mean_truncated`` (params top_n) and, beside them, the in-process
 ``kl_mean_in_process`` (the full KL it estimates), ``exact_match_rate_in_process`` and
 ``top1_agreement_in_process``. The tail-uniform ``kl_mean`` an HTTP tensor would give is not recorded.
 
+The server as an operator runs it (issue 27; one server with an API key): schemathesis fuzzing
+from the server's own OpenAPI schema (no 5xx, no schema violation), bad input and the once
+reproduced 500s, disconnects and stop strings ending the decode, a soak, SIGTERM with requests
+in flight; figures as load_* metrics of served-reference-load/off.
+
 Sizes: quick 4 prompts x 16 new tokens, pruning off only (see pytest_generate_tests); full 16 x 32. Skipped under ``--rsp-engine openai``
 (the other suites then measure the server; this suite's rows would repeat theirs).
 
