@@ -193,16 +193,19 @@ class Engine:
         return self._run(rows, max_new_tokens, cfg, temperature, seed, None, log_file, keep_logits=return_logits)
 
     def teacher_forced(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int],
-                       config: PruningConfig | None = None, **overrides: Any) -> GenerationResult:
+                       config: PruningConfig | None = None, stop_check: Callable[[int], bool] | None = None,
+                       **overrides: Any) -> GenerationResult:
         """Logits [len(continuation), V] that the engine predicts for each continuation token,
-        feeding the given continuation instead of its own choices (pruning applied as in generate)."""
+        feeding the given continuation instead of its own choices (pruning applied as in generate).
+        ``stop_check`` as in ``_run`` (the server's cancel: a stopped call returns fewer rows)."""
         cfg = self._config(config, overrides)
         if cfg.mode == "lossless":
             cfg = cfg.override(mode="off")  # lossless output is the unpruned model's by construction
         if len(continuation_ids) == 0:
             raise PromptError("continuation_ids must not be empty")
         row = PromptRow(self.decode(prompt_ids), list(prompt_ids))
-        return self._run([row], len(continuation_ids), cfg, 0.0, None, [list(continuation_ids)], None)[0]
+        return self._run([row], len(continuation_ids), cfg, 0.0, None, [list(continuation_ids)], None,
+                         stop_check=stop_check)[0]
 
     def _config(self, config: PruningConfig | None, overrides: dict) -> PruningConfig:
         cfg = config or self.default_config

@@ -356,7 +356,10 @@ def run_completion(engine: "Engine", ids: list[int], prompt_text: str, max_token
                 if decode_from >= len(ids):
                     raise APIError(400, f"decode_from={decode_from} must be below the prompt length {len(ids)}",
                                    "decode_from", code="invalid_value")
-                forced = engine.teacher_forced(ids[:decode_from], ids[decode_from:], cfg)
+                # the cancel (and heartbeat) only: stop strings do not apply to given tokens
+                forced = engine.teacher_forced(ids[:decode_from], ids[decode_from:], cfg,
+                                               stop_check=RowControl(engine, (), control.cancel, None,
+                                                                     control.heartbeat).should_stop)
                 full = torch.cat([full[:decode_from - 1], forced.logits])
                 if max_tokens == 0:
                     out.stats = dict(forced.stats)
