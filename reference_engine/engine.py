@@ -193,16 +193,19 @@ class Engine:
         return self._run(rows, max_new_tokens, cfg, temperature, seed, None, log_file, keep_logits=return_logits)
 
     def teacher_forced(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int],
-                       config: PruningConfig | None = None, **overrides: Any) -> GenerationResult:
+                       config: PruningConfig | None = None, stop_check: Callable[[int], bool] | None = None,
+                       **overrides: Any) -> GenerationResult:
         """Logits [len(continuation), V] that the engine predicts for each continuation token,
-        feeding the given continuation instead of its own choices (pruning applied as in generate)."""
+        feeding the given continuation instead of its own choices (pruning applied as in generate).
+        ``stop_check`` as in ``_run`` (the server's cancel: a stopped call returns fewer rows)."""
         cfg = self._config(config, overrides)
         if cfg.mode == "lossless":
             cfg = cfg.override(mode="off")  # lossless output is the unpruned model's by construction
         if len(continuation_ids) == 0:
             raise PromptError("continuation_ids must not be empty")
         row = PromptRow(self.decode(prompt_ids), list(prompt_ids))
-        return self._run([row], len(continuation_ids), cfg, 0.0, None, [list(continuation_ids)], None)[0]
+        return self._run([row], len(continuation_ids), cfg, 0.0, None, [list(continuation_ids)], None,
+                         stop_check=stop_check)[0]
 
     def _config(self, config: PruningConfig | None, overrides: dict) -> PruningConfig:
         cfg = config or self.default_config
@@ -215,10 +218,16 @@ class Engine:
     def _run(self, rows: list[PromptRow], max_new: int, cfg: PruningConfig, temperature: float,
              seed: int | None, forced: list[list[int]] | None, log_file: IO[str] | None,
              keep_logits: bool = False,
-             on_token: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
+             on_token: Callable[[int, int, int], None] | None = None,
+             stop_check: Callable[[int], bool] | None = None) -> list[GenerationResult]:
         """``on_token(row, index, token_id)``, when given, is called as each token is chosen (the
         server streams with it). A lossy request that degrades after the fact is rerun in full,
-        and the rerun calls it again from index 0: a caller that streamed must compare."""
+        and the rerun calls it again from index 0: a caller that streamed must compare.
+
+        ``stop_check(row)``, when given, is asked after each token a row takes (after its
+        ``on_token``): True ends that row there, as an EOS would (a stop string matched, the
+        client went away, a deadline passed). One call per row per step: no cost to the decode
+        step itself, and none at all when it is None."""
         w, dims, B = self.weights, self.dims, len(rows)
         check_rows_fit(rows, max_new, dims.max_positions)
         t_start = time.perf_counter()
@@ -291,6 +300,8 @@ class Engine:
                         on_token(b, len(out[b]) - 1, toks[b])
                     if forced is None and toks[b] == self.eos_id:
                         done[b] = True
+                    elif stop_check is not None and stop_check(b):
+                        done[b] = True
             if all(done) or step == max_new - 1:
                 break
             t0 = time.perf_counter()
@@ -330,7 +341,7 @@ class Engine:
                 # Instability is only known after the fact: rerun the request in full so the
                 # output is exactly the unpruned one, as degradation promises.
                 return self._rerun_degraded(rows, max_new, cfg, temperature, seed, forced, log_file, reason,
-                                            keep_logits, on_token)
+                                            keep_logits, on_token, stop_check)
 
         t_end = time.perf_counter()
         results = []
@@ -370,9 +381,9 @@ class Engine:
         return results
 
     def _rerun_degraded(self, rows, max_new, cfg, temperature, seed, forced, log_file, reason, keep_logits=False,
-                        on_token=None):
+                        on_token=None, stop_check=None):
         results = self._run(rows, max_new, cfg.override(mode="off", log_level="NONE"), temperature, seed, forced, None,
-                            keep_logits, on_token)
+                            keep_logits, on_token, stop_check)
         for r, res in zip(rows, results):
             res.stats.update(degraded=True, degraded_reason=r.degraded_reason or reason,
                              mode=cfg.mode, sensitivity=cfg.sensitivity)
@@ -389,7 +400,14 @@ class Engine:
     def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
         if temperature == 0.0:
             return logits.argmax(-1)
-        probs = torch.softmax(logits / temperature, -1)
+        scaled = logits / temperature
+        if not bool(torch.isfinite(scaled).all()):
+            # A temperature so small that logits / t overflows (below ~1e-37 in float32): inf - inf
+            # made NaN probabilities. Shifted by the max in float64 the limit is the argmax (ties
+            # shared); finite cases keep the plain path, so their samples are unchanged.
+            shifted = logits.double() - logits.double().max(-1, keepdim=True).values
+            scaled = shifted / temperature
+        probs = torch.softmax(scaled, -1)
         return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
     def _check_degradation(self, rows: list[PromptRow], hidden: list[torch.Tensor], cal: calib_mod.Calibration) -> None:

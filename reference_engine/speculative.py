@@ -69,7 +69,7 @@ import json
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -383,9 +383,14 @@ class _RowDecoder:
             for a in self.acc.values():
                 a.decay()
 
+    stop_check: Callable[[int], bool] | None = None
+    on_token: Callable[[int, int, int], None] | None = None
+    stopped = False
+
     @property
     def done(self) -> bool:
-        return len(self.out) >= self.max_new or (bool(self.out) and self.out[-1] == self.engine.eos_id)
+        return (self.stopped or len(self.out) >= self.max_new
+                or (bool(self.out) and self.out[-1] == self.engine.eos_id))
 
     def _emit(self, tokens: list[int]) -> int:
         n = 0
@@ -395,6 +400,10 @@ class _RowDecoder:
             self.out.append(t)
             self.index.append(t)
             n += 1
+            if self.on_token is not None:
+                self.on_token(self.request, len(self.out) - 1, t)
+            if self.stop_check is not None and self.stop_check(self.request):
+                self.stopped = True
         return n
 
     @property
@@ -582,8 +591,13 @@ def _source_stats(drafted: int, accepted: int, passes: int) -> dict[str, Any]:
 
 
 def generate_lossless(engine: "Engine", rows: list["PromptRow"], max_new_tokens: int, cfg: PruningConfig,
-                      log_file: IO[str] | None, policy: DraftPolicy | None = None) -> list[GenerationResult]:
-    """Greedy generation equal to mode "off" at batch 1, sped up by verified drafts; one row at a time."""
+                      log_file: IO[str] | None, policy: DraftPolicy | None = None,
+                      stop_check: Callable[[int], bool] | None = None,
+                      on_token: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
+    """Greedy generation equal to mode "off" at batch 1, sped up by verified drafts; one row at a time.
+
+    ``on_token(row, index, token)`` and ``stop_check(row)`` as in ``Engine._run``: called after
+    each token a row takes (an index lower than before: a certificate failure took tokens back)."""
 
     policy = policy or DraftPolicy()
     if policy.force not in (None, "lookup", "pruned"):
@@ -597,6 +611,7 @@ def generate_lossless(engine: "Engine", rows: list["PromptRow"], max_new_tokens:
     for b, r in enumerate(rows):
         t_start = time.perf_counter()
         dec = _RowDecoder(engine, r, max_new_tokens, policy, cfg, costs, detail, b)
+        dec.stop_check, dec.on_token = stop_check, on_token
         first = dec.prefill()
         t_first = time.perf_counter()
         dec.run(first)

@@ -25,6 +25,15 @@ response cannot depend on what else runs):
    after it and must then succeed with the same answer (recovery), and ``/health`` must show
    an empty queue afterwards. Skipped, and said so, when the server reports no ``max_queue``.
 
+Soak mode (``--soak SECONDS``, ``run_soak``): instead of phases 2 and 3, ``clients`` clients
+send a bounded stream (at most ``--soak-requests`` requests, at most SECONDS long) mixing good
+requests (checked as in phase 2: answered once, echoed id, equal to the single-request answer),
+bad requests (each a known bad value: a 400 or 404 with an OpenAI error object naming it) and
+disconnects (a stream closed after its first chunk). The server's resident memory
+(``process_resident_memory_bytes`` on its /metrics) is read after the single phase and after the
+soak, once the queue is empty; the check fails when it grew by ``rss_growth_limit`` (5%) or more,
+or when the server answered any 5xx (its own ``rsp_requests_total``).
+
 A 429 in the load phase is also retried (counted). The record is written atomically with
 ``rsp_bench.storage.atomic_write_json``; ``passed`` is false when any check failed, and the CLI
 then exits 1. Progress bars go to stderr (tqdm) unless ``--quiet``.
@@ -52,7 +61,8 @@ BATCH_INVARIANT_MODES = ("off", "static", "lossless")
 class LoadConfig:
     def __init__(self, prompts: Sequence[str], requests: int = 12, clients: int = 4, max_tokens: int = 8,
                  headers: dict[str, str] | None = None, model: str | None = None, burst: bool = True,
-                 max_retries: int = 50, timeout_s: float = 300.0, progress: bool = False) -> None:
+                 max_retries: int = 50, timeout_s: float = 300.0, progress: bool = False,
+                 api_key: str | None = None) -> None:
         if not prompts:
             raise HarnessInputError("loadtest needs at least one prompt")
         for name, value in (("requests", requests), ("clients", clients), ("max_tokens", max_tokens)):
@@ -62,6 +72,8 @@ class LoadConfig:
         self.headers = dict(headers or {})
         self.model, self.burst, self.max_retries, self.timeout_s = model, burst, max_retries, timeout_s
         self.progress = progress
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -93,7 +105,7 @@ class _Client:
     def model(self) -> str:
         if self.cfg.model:
             return self.cfg.model
-        r = self.http.get(self.base + "/models")
+        r = self.http.get(self.base + "/models", headers=self.cfg.headers)
         r.raise_for_status()
         return r.json()["data"][0]["id"]
 
@@ -323,6 +335,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="the started server's --max-batch (default: the server's; 1 disables batching)")
     p.add_argument("--batch-window-ms", type=float, default=None, help="the started server's --batch-window-ms")
     p.add_argument("--no-burst", action="store_true", help="skip the 429 burst phase")
+    p.add_argument("--soak", type=float, default=None, metavar="SECONDS",
+                   help="soak mode instead of the load and burst phases: good and bad requests and disconnects "
+                        "mixed for at most SECONDS (see rsp_bench.soak)")
+    p.add_argument("--soak-requests", type=int, default=400, help="at most this many soak requests (default 400)")
+    p.add_argument("--api-key", default=None, help="send 'Authorization: Bearer KEY' (default: $RSP_API_KEY)")
     p.add_argument("--out", default=None, help="write the JSON record here (atomically)")
     p.add_argument("--json", action="store_true", help="print the record as JSON on stdout")
 
@@ -337,11 +354,22 @@ def run(args: argparse.Namespace) -> int:
                "X-Pruning-Log-Level": "NONE"}
     if args.hardware_watermark not in (None, ""):
         headers["X-Pruning-Hardware-Watermark"] = str(args.hardware_watermark)
+    import os
+
     prompts = [p.text for p in ds.load_prompts()[:max(1, args.prompts)]]
+    api_key = args.api_key if args.api_key is not None else os.environ.get("RSP_API_KEY") or None
     cfg = LoadConfig(prompts, args.requests, args.clients, args.max_tokens, headers, args.model,
-                     burst=not args.no_burst, progress=not args.quiet)
+                     burst=not args.no_burst, progress=not args.quiet, api_key=api_key)
+
+    def go(url: str) -> dict[str, Any]:
+        if args.soak is None:
+            return run_loadtest(url, cfg)
+        from rsp_bench.soak import run_soak
+
+        return run_soak(url, cfg, args.soak, args.soak_requests)
+
     if args.url:
-        record = run_loadtest(args.url, cfg)
+        record = go(args.url)
     else:
         from rsp_bench.engines.openai_engine import ServedProcess
 
@@ -354,11 +382,15 @@ def run(args: argparse.Namespace) -> int:
         if args.batch_window_ms is not None:
             extra += ["--batch-window-ms", str(args.batch_window_ms)]
         with ServedProcess(["--max-queue", str(queue), "--log-level", "NONE", "--hardware-watermark", "0", *extra]) as url:
-            record = run_loadtest(url + "/v1", cfg)
+            record = go(url + "/v1")
     if args.out:
         atomic_write_json(args.out, record)
     if args.json:
         print(json.dumps(record, indent=2, sort_keys=True))
+    elif args.soak is not None:
+        from rsp_bench.soak import summary
+
+        print(summary(record))
     else:
         load, burst = record["load"], record["burst"]
         print(f"load: {load['succeeded']}/{load['requests']} ok over {load['clients']} clients in {load['wall_s']:.2f} s; "

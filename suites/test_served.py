@@ -13,6 +13,11 @@ them, ``kl_mean_truncated`` (params top_n) and, beside them, the in-process
 ``kl_mean_in_process`` (the full KL it estimates), ``exact_match_rate_in_process`` and
 ``top1_agreement_in_process``. The tail-uniform ``kl_mean`` an HTTP tensor would give is not recorded.
 
+The server as an operator runs it (issue 27; one server with an API key): schemathesis fuzzing
+from the server's own OpenAPI schema (no 5xx, no schema violation), bad input and the once
+reproduced 500s, disconnects and stop strings ending the decode, a soak, SIGTERM with requests
+in flight; figures as load_* metrics of served-reference-load/off.
+
 Sizes: quick 4 prompts x 16 new tokens, pruning off only (see pytest_generate_tests); full 16 x 32. Skipped under ``--rsp-engine openai``
 (the other suites then measure the server; this suite's rows would repeat theirs).
 
@@ -25,6 +30,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -293,3 +301,238 @@ def test_served_bounded_load(load_mode, rsp_options, rsp_record) -> None:
         assert load["bypass_ratio"] == pytest.approx(load["bypass_ratio_single"], abs=1e-12)
     assert burst["ran"] and burst["rejected_429"] >= 1 and burst["recovered"] == burst["rejected_429"]
     assert burst["retry_after"] == ["1"] and burst["queue_depth_after"] == 0
+
+
+# ---------------------------------------------------------------- the server as an operator runs it (issue 27)
+#
+# One server for these tests (the embedded model, an API key, max_tokens capped so that a fuzzed
+# request stays short): the fuzzer, bad input, disconnects, the soak, and last SIGTERM with
+# requests in flight (it stops this server). Their figures are recorded under the quick suite's
+# existing configuration served-reference-load/off as new metrics named load_* (machine-scoped,
+# like the load test's own: no new configuration, since CI mode fails one without a baseline).
+
+HARD_KEY = "rsp-suite-key"
+HARD_MAX_TOKENS = 32
+HARD_CID = "served-reference-load/off"
+SCHEMATHESIS = "schemathesis (pip install -e '.[test]')"
+
+
+@pytest.fixture(scope="module")
+def hardened(rsp_options):
+    pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
+    httpx = pytest.importorskip("httpx", reason="the 'serve' extra is not installed")
+    if rsp_options.engine == "openai":
+        pytest.skip("--rsp-engine openai: the other suites measure the server already")
+    from rsp_bench.engines.openai_engine import ServedProcess
+
+    args = ["--api-key", HARD_KEY, "--max-tokens-limit", str(HARD_MAX_TOKENS), "--log-level", "NONE",
+            "--hardware-watermark", "0", "--max-queue", "8", "--graceful-timeout", "60"]
+    if rsp_options.model:
+        args += ["--model", str(rsp_options.model)]
+    server = ServedProcess(args)
+    url = server.__enter__()
+    http = httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {HARD_KEY}"})
+    try:
+        yield server, url, http
+    finally:
+        http.close()
+        server.stop()
+
+
+def _server_metrics(http) -> str:
+    return http.get("/metrics").text
+
+
+def _status_counts(text: str) -> dict[int, float]:
+    import re
+
+    out: dict[int, float] = {}
+    for code, n in re.findall(r'^rsp_requests_total\{path="[^"]*",status="(\d+)"\} (\S+)$', text, re.M):
+        out[int(code)] = out.get(int(code), 0.0) + float(n)
+    return out
+
+
+def _gauge(text: str, name: str) -> float:
+    import re
+
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _hard_metric(rsp_record, name: str, value: float, n: int, unit: str) -> None:
+    rsp_record.add_metric(HARD_CID, f"load_{name}", value, n, unit=unit, engine="served-reference-load", mode="off")
+
+
+def test_served_fuzz_from_own_openapi(hardened, rsp_options, rsp_record, tmp_path) -> None:
+    """schemathesis, stateless, from the server's own /openapi.json against the live process:
+    no 5xx (its ``not_a_server_error``, and the server's own request counters), no response
+    outside the schema (``response_schema_conformance``, status codes, content types), and the
+    server still answering after. Quick: 30 s of generation; full: 300 s."""
+    import re
+    import shutil
+
+    exe = shutil.which("schemathesis")
+    if exe is None:
+        pytest.skip(f"schemathesis is not installed: {SCHEMATHESIS}")
+    _, url, http = hardened
+    max_time, per_op = (30, 25) if rsp_options.quick else (300, 400)
+    before = _status_counts(_server_metrics(http))
+    cmd = [exe, "run", f"{url}/openapi.json", "-H", f"Authorization: Bearer {HARD_KEY}",
+           "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance",
+           "--max-time", str(max_time), "-n", str(per_op), "--workers", "1", "--request-timeout", "60",
+           "--seed", "27", "--report", "junit", "--report-dir", str(tmp_path), "--no-color"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max_time + 240)
+    out = proc.stdout + proc.stderr
+    m = re.search(r"(\d+) generated", out)
+    cases = int(m.group(1)) if m else 0
+    after = _status_counts(_server_metrics(http))
+    fivexx = sum(n - before.get(code, 0.0) for code, n in after.items() if code >= 500)
+    answered = sum(after.values()) - sum(before.values())
+    _hard_metric(rsp_record, "fuzz_cases", cases, cases, "count")
+    _hard_metric(rsp_record, "fuzz_5xx", fivexx, int(answered), "count")
+    assert proc.returncode == 0, out[-4000:]
+    assert cases >= (100 if rsp_options.quick else 1000), out[-2000:]
+    assert fivexx == 0, after
+    assert http.get("/health").json()["status"] == "ok"
+
+
+def test_served_bad_input_and_the_reproduced_500s(hardened) -> None:
+    """What used to answer 500 (or nothing): each is a 200 or a 4xx naming the value now."""
+    import httpx
+
+    _, url, http = hardened
+    j = {"content-type": "application/json"}
+    r = http.post("/v1/completions", content=b'{"prompt": "\\ud800 hi", "max_tokens": 2}', headers=j)
+    assert r.status_code == 200, r.text
+    assert http.post("/tokenize", content=b'{"prompt": "\\ud800"}', headers=j).status_code == 200
+    assert http.post("/tokenize", json={"messages": [{"role": "user"}]}).status_code == 200
+    msgs = [{"role": "user", "content": "Say hi."}]
+    r = http.post("/v1/chat/completions", json={"messages": msgs, "seed": 2 ** 64, "temperature": 0.5, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+    r = http.post("/v1/chat/completions", json={"messages": msgs, "seed": 2 ** 64 - 1, "temperature": 0.5,
+                                                "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    r = http.post("/v1/chat/completions", json={"messages": msgs, "temperature": 1e-40, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 10 ** 12})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens" and "--max-tokens-limit" in r.text
+    r = http.post("/v1/completions", json={"prompt": ["a", "b"], "max_tokens": HARD_MAX_TOKENS})  # once unanswered
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    # a 10 MB body: refused at once, and the server keeps answering meanwhile
+    big = b'{"prompt": "' + b"a" * 10_000_000 + b'"}'
+    t0 = time.perf_counter()
+    r = http.post("/v1/completions", content=big, headers=j)
+    refused_s = time.perf_counter() - t0
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large" and refused_s < 5, refused_s
+    t0 = time.perf_counter()
+    assert http.get("/health").status_code == 200 and time.perf_counter() - t0 < 1
+    # without the key: 401 on every /v1 route; /health stays open
+    with httpx.Client(base_url=url, timeout=30) as anon:
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")):
+            r = anon.request(method, path, json={"messages": msgs, "prompt": "a"})
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+        assert anon.get("/health").status_code == 200
+
+
+def test_served_disconnect_and_stop_strings_end_the_decode(hardened, rsp_record) -> None:
+    """A client that closes a live stream after 3 chunks: the engine stops within a step or two
+    of hearing it (``rsp_decode_steps_after_cancel``), far short of max_tokens. A stop string:
+    decoding ends at the token that completes it (the engine's own token count, ``pruning``)."""
+    _, _, http = hardened
+    m0 = _server_metrics(http)
+    body = {"messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+            "max_tokens": HARD_MAX_TOKENS, "stream": True, "temperature": 0}
+    with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Pruning-Mode": "off"}) as r:
+        assert r.status_code == 200
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: {") and '"content"' in line
+            if seen >= 4:  # the role chunk, then 3 content chunks
+                break
+    for _ in range(300):
+        m1 = _server_metrics(http)
+        if _gauge(m1, "rsp_decode_steps_after_cancel_count") > _gauge(m0, "rsp_decode_steps_after_cancel_count"):
+            break
+        time.sleep(0.02)
+    steps = _gauge(m1, "rsp_decode_steps_after_cancel_sum") - _gauge(m0, "rsp_decode_steps_after_cancel_sum")
+    decoded = _gauge(m1, "rsp_cancelled_decoded_tokens_sum") - _gauge(m0, "rsp_cancelled_decoded_tokens_sum")
+    _hard_metric(rsp_record, "disconnect_steps_after_cancel", steps, 1, "steps")
+    _hard_metric(rsp_record, "disconnect_tokens_decoded", decoded, 1, "tokens")
+    assert steps <= 2, m1
+    assert decoded < HARD_MAX_TOKENS - 8, decoded
+
+    prompt = {"prompt": "The days of the week are Monday, Tuesday,", "max_tokens": HARD_MAX_TOKENS}
+    plain = http.post("/v1/completions", json=prompt, headers={"X-Pruning-Mode": "off"}).json()
+    text = plain["choices"][0]["text"]
+    words = [w for w in text.replace(",", " ").split() if len(w) >= 3]
+    assert words, text
+    cut = http.post("/v1/completions", json={**prompt, "stop": [words[0]]}, headers={"X-Pruning-Mode": "off"}).json()
+    assert cut["choices"][0]["finish_reason"] == "stop" and cut["choices"][0]["text"] == text[:text.find(words[0])]
+    _hard_metric(rsp_record, "stop_tokens_decoded", cut["pruning"]["total_tokens"], 1, "tokens")
+    _hard_metric(rsp_record, "stop_tokens_decoded_without_stop", plain["pruning"]["total_tokens"], 1, "tokens")
+    assert cut["pruning"]["total_tokens"] < plain["pruning"]["total_tokens"], (cut["pruning"], plain["pruning"])
+
+
+def test_served_soak(hardened, rsp_options, rsp_record) -> None:
+    """``rsp_bench.soak``: good and bad requests and disconnects mixed; nothing lost or
+    duplicated, every good answer equal to the single request's, no 5xx, RSS growth < 5%."""
+    from rsp_bench.soak import run_soak
+    from rsp_bench.loadtest import LoadConfig
+
+    _, url, _ = hardened
+    prompts = [p.text for p in ds.quick_subset(ds.load_prompts(), 3, seed=rsp_options.subset_seed)]
+    duration, count = (20.0, 120) if rsp_options.quick else (180.0, 2000)
+    cfg = LoadConfig(prompts, clients=3, max_tokens=8, api_key=HARD_KEY,
+                     headers={"X-Pruning-Mode": "lossy", "X-Pruning-Hardware-Watermark": "0",
+                              "X-Pruning-Log-Level": "NONE"})
+    rec = run_soak(url + "/v1", cfg, duration, count)
+    for name, value, unit in (("soak_requests", rec["requests"], "count"), ("soak_lost", rec["lost"], "count"),
+                              ("soak_duplicated", rec["duplicated"], "count"),
+                              ("soak_good_equal_share", rec["good_equal"] / max(rec["good"], 1), "fraction"),
+                              ("soak_5xx", rec["server_5xx"], "count"),
+                              ("soak_rss_growth", rec["rss_growth"] or 0.0, "fraction")):
+        _hard_metric(rsp_record, name, value, rec["requests"], unit)
+    assert rec["passed"], {k: v for k, v in rec["checks"].items() if not v} or rec
+    assert rec["good"] >= 10 and rec["bad"] >= 2 and rec["disconnects"] >= 1, rec
+
+
+def test_served_sigterm_with_requests_in_flight(hardened) -> None:
+    """SIGTERM while a stream and a plain request run: both finish whole (uvicorn's graceful
+    drain), the process exits 0, and nothing is served after. Stops the module's server."""
+    import signal
+
+    import httpx
+
+    server, url, http = hardened
+    msgs = [{"role": "user", "content": "Count from one to forty in words."}]
+    first = threading.Event()
+
+    def stream() -> tuple[int, str]:
+        with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {HARD_KEY}"}) as c:
+            with c.stream("POST", "/v1/chat/completions", json={"messages": msgs, "stream": True, "max_tokens": 24},
+                          headers={"X-Pruning-Mode": "off"}) as r:
+                lines = []
+                for line in r.iter_lines():
+                    if line:
+                        lines.append(line)
+                        first.set()
+                return r.status_code, lines[-1] if lines else ""
+
+    def plain() -> dict:
+        with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {HARD_KEY}"}) as c:
+            r = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 24}, headers={"X-Pruning-Mode": "off"})
+            return {"status": r.status_code, **(r.json() if r.status_code == 200 else {})}
+
+    with ThreadPoolExecutor(2) as pool:
+        s, p = pool.submit(stream), pool.submit(plain)
+        assert first.wait(60)
+        t0 = time.perf_counter()
+        server.proc.send_signal(signal.SIGTERM)
+        status, last = s.result(120)
+        answer = p.result(120)
+    code = server.proc.wait(60)
+    assert code == 0 and time.perf_counter() - t0 < 60
+    assert status == 200 and last == "data: [DONE]"
+    assert answer["status"] == 200 and answer["usage"]["completion_tokens"] >= 1, answer
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url + "/health", timeout=5)

@@ -57,3 +57,26 @@ def test_equality_is_enforced_unless_lossy_rows_were_batched():
     assert not loadtest.must_equal_single("lossy", batched)  # pruned with its neighbours: measured
     assert loadtest.must_equal_single("lossy", alone) and loadtest.must_equal_single("lossy", unknown)
     assert loadtest.must_equal_single(None, alone)
+
+
+def test_soak_refuses_unbounded_runs_and_is_wired_to_the_cli(capsys):
+    from rsp_bench import soak
+    from rsp_bench.cli import main
+
+    with pytest.raises(HarnessInputError):
+        soak.run_soak("http://127.0.0.1:9/v1", loadtest.LoadConfig(["hi"]), 0, 10)
+    with pytest.raises(HarnessInputError):
+        soak.run_soak("http://127.0.0.1:9/v1", loadtest.LoadConfig(["hi"]), 5, 0)
+    # every planted bad request names what it expects, and the statuses are client errors
+    assert {status for *_, status, _ in soak.BAD_REQUESTS} <= {200, 400, 404}
+    assert len({name for name, *_ in soak.BAD_REQUESTS}) == len(soak.BAD_REQUESTS)
+    with pytest.raises(SystemExit):
+        main(["loadtest", "--help"])
+    out = capsys.readouterr().out
+    assert "--soak" in out and "--soak-requests" in out and "--api-key" in out
+
+
+def test_api_key_becomes_a_bearer_header():
+    cfg = loadtest.LoadConfig(["hi"], api_key="k1")
+    assert cfg.headers["Authorization"] == "Bearer k1"
+    assert "Authorization" not in loadtest.LoadConfig(["hi"]).headers

@@ -26,7 +26,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from reference_engine import PruningConfig  # noqa: E402
 from reference_engine.server import ServerSettings, create_app  # noqa: E402
-from reference_engine.server import runner  # noqa: E402
+from reference_engine.server import runner, worker as W  # noqa: E402
+from reference_engine.server.limits import Limits  # noqa: E402
 
 PROMPT = "the quick brown fox"
 # conftest points RSP_BENCH_CACHE at the tiny model's folder when its fixture first runs; the
@@ -175,12 +176,12 @@ def test_bad_header_is_400_naming_it_then_next_request_ok(client, headers, param
 
 
 @pytest.mark.parametrize("path, payload, status, param", [
-    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, 422, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "x " * 600, "max_tokens": 4}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, 10 ** 9], "max_tokens": 1}, 400, "prompt"),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
-    ("/v1/chat/completions", {"messages": [], "max_tokens": 1}, 422, "messages"),
+    ("/v1/chat/completions", {"messages": [], "max_tokens": 1}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "pruning": {"mode": "fast"}}, 400,
      "pruning.mode"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "pruning": {"sensitivity": 2}}, 400,
@@ -247,7 +248,8 @@ def test_queue_full_is_429_with_retry_after_then_recovers(tiny_engine, monkeypat
 def test_detailed_log_lines_carry_request_id(tiny_engine, tmp_path):
     path = tmp_path / "log.jsonl"
     with open(path, "a", encoding="utf-8") as f, \
-            TestClient(create_app(tiny_engine, ServerSettings(DEFAULT, log_file=f))) as c:
+            TestClient(create_app(tiny_engine, ServerSettings(DEFAULT, log_file=f,
+                                                              limits=Limits(max_log_level="DETAILED")))) as c:
         r = chat(c, headers={"X-Pruning-Log-Level": "DETAILED", "X-Request-Id": "req-42"})
         assert r.headers["X-Request-Id"] == "req-42"
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -443,7 +445,7 @@ def test_worker_never_mixes_keys_and_cancel_frees_the_slot():
 
     async def main():
         gate = threading.Event()
-        w = runner.EngineWorker(max_queue=16, max_batch=3, batch_window_s=0.05)
+        w = W.EngineWorker(max_queue=16, max_batch=3, batch_window_s=0.05)
         blocker = w.submit(lambda: gate.wait(30))  # holds the engine thread while the others queue
         plan = [a, b, a, a, b, a, c, a]
         futs = [w.submit(key=k, item=(k, n), batch_fn=batch_fn) for n, k in enumerate(plan)]
@@ -466,7 +468,7 @@ def test_worker_shutdown_cancels_queued_and_finishes_running():
 
     async def main():
         gate, started = threading.Event(), threading.Event()
-        w = runner.EngineWorker(max_queue=4, max_batch=4, batch_window_s=0.0)
+        w = W.EngineWorker(max_queue=4, max_batch=4, batch_window_s=0.0)
         running = w.submit(lambda: (started.set(), gate.wait(30), "done")[-1])
         queued = w.submit(key="k", item=1, batch_fn=lambda items: items)
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)

@@ -4,8 +4,13 @@ The CLI (``rsp_bench.cli``) only calls ``configure_parser`` and ``run`` here. Th
 before uvicorn starts, so ``--port 0`` takes a free port, and the line
 ``rsp-bench serve: listening on http://HOST:PORT`` on stderr says which (tests read it).
 SIGINT / SIGTERM: uvicorn stops accepting, lets requests in flight finish (up to
-``--graceful-timeout`` seconds, then cancels them), then the worker cancels what is still
-queued; the process exits 0.
+``--graceful-timeout`` seconds), then the worker fails what is still queued with 503, tells the
+running engine call to stop (it ends within a decode step) and waits for it at most
+``--shutdown-deadline`` seconds; the process exits 0.
+
+The API key comes from ``--api-key`` or, when that is not given, the ``RSP_API_KEY`` environment
+variable (a key on the command line is visible to every user of the machine in ``ps``). Bound to
+a loopback address, the server answers only Host headers naming loopback (DNS rebinding).
 
 Must not import the harness.
 """
@@ -22,6 +27,9 @@ from typing import IO
 
 from ..config import PruningConfig, parse_blacklist
 from ..errors import ConfigError
+
+API_KEY_ENV = "RSP_API_KEY"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def _server_class():
@@ -87,6 +95,24 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "so its output depends on its neighbours)")
     p.add_argument("--retry-after", type=int, default=1, help="seconds in the 429's Retry-After header")
     p.add_argument("--graceful-timeout", type=int, default=30, help="seconds requests in flight get at shutdown")
+    p.add_argument("--shutdown-deadline", type=float, default=5.0,
+                   help="seconds the engine gets to stop its cancelled call after the graceful drain (default 5)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on every /v1 route (default: ${API_KEY_ENV}, else none)")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20, help="largest request body (default 4 MiB; 413 above)")
+    p.add_argument("--max-prompts", type=int, default=16, help="prompts in one /v1/completions request (default 16)")
+    p.add_argument("--max-stop", type=int, default=4, help="stop strings per request (default 4)")
+    p.add_argument("--max-stop-chars", type=int, default=128, help="characters per stop string (default 128)")
+    p.add_argument("--max-tokens-limit", type=int, default=None,
+                   help="largest max_tokens a request may ask for (default: whatever fits the context)")
+    p.add_argument("--max-client-log-level", default="SUMMARY",
+                   help="highest engine log level a request may ask for (X-Pruning-Log-Level): NONE, SUMMARY or "
+                        "DETAILED (default SUMMARY: DETAILED writes ~30 lines per token)")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may wait and run before it is stopped with 504 (default 600; 0: none)")
+    p.add_argument("--hang-timeout", type=float, default=120.0,
+                   help="seconds without engine progress after which the worker counts as hung: waiting requests "
+                        "get 503 and /health turns 503 (default 120)")
 
 
 def default_config(args: argparse.Namespace) -> PruningConfig:
@@ -122,6 +148,21 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.retry_after < 0 or args.graceful_timeout < 0:
         raise ConfigError(f"--retry-after and --graceful-timeout must be >= 0, got {args.retry_after}, {args.graceful_timeout}")
+    for name in ("max_body_bytes", "max_prompts", "max_stop", "max_stop_chars"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_tokens_limit is not None and args.max_tokens_limit < 1:
+        raise ConfigError(f"--max-tokens-limit must be >= 1, got {args.max_tokens_limit}")
+    level = str(args.max_client_log_level).upper()
+    if level not in ("NONE", "SUMMARY", "DETAILED"):
+        raise ConfigError(f"--max-client-log-level must be NONE, SUMMARY or DETAILED, got {args.max_client_log_level!r}")
+    if args.request_timeout < 0 or args.hang_timeout <= 0 or args.shutdown_deadline < 0:
+        raise ConfigError("--request-timeout and --shutdown-deadline must be >= 0 and --hang-timeout > 0, got "
+                          f"{args.request_timeout}, {args.shutdown_deadline}, {args.hang_timeout}")
+    import os
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    loopback = args.host in ("127.0.0.1", "localhost", "::1") or args.host.startswith("127.")
     log_file: IO[str] | None = open(args.log_file, "a", encoding="utf-8") if args.log_file else None
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -133,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
 
         from ..engine import Engine
         from .app import ServerSettings, create_app
+        from .limits import Limits
 
         _Server = _server_class()
 
@@ -141,11 +183,20 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(engine, ServerSettings(config, max_queue=args.max_queue, retry_after_s=args.retry_after,
                                                 max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
                                                 batch_modes=args.batch_modes,
-                                                served_model_name=args.served_model_name, log_file=log_file))
+                                                served_model_name=args.served_model_name, log_file=log_file,
+                                                limits=Limits(max_body_bytes=args.max_body_bytes,
+                                                              max_prompts=args.max_prompts, max_stop=args.max_stop,
+                                                              max_stop_chars=args.max_stop_chars,
+                                                              max_tokens=args.max_tokens_limit, max_log_level=level,
+                                                              request_timeout_s=args.request_timeout or None),
+                                                api_key=api_key, hang_s=args.hang_timeout,
+                                                shutdown_deadline_s=args.shutdown_deadline,
+                                                allowed_hosts=LOOPBACK_HOSTS + (args.host,) if loopback else None))
         port = sock.getsockname()[1]
         server = _Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.graceful_timeout,
                                                access_log=False))
-        print(f"rsp-bench serve: listening on http://{args.host}:{port} (model {engine.name})", file=sys.stderr, flush=True)
+        print(f"rsp-bench serve: listening on http://{args.host}:{port} (model {engine.name}"
+              f"{', API key required on /v1' if api_key else ''})", file=sys.stderr, flush=True)
         server.run(sockets=[sock])
         how = f" on {signal.Signals(server.stop_signal).name}" if server.stop_signal else ""
         print(f"rsp-bench serve: stopped{how}", file=sys.stderr, flush=True)

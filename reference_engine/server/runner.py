@@ -1,9 +1,6 @@
-"""The engine behind the server: one worker thread fed by a bounded queue, the batching rule,
-and the engine calls the routes need (generate from token ids, logprobs of generated and prompt
-tokens).
-
-Why one thread: ``Engine`` is not thread-safe (it reuses buffers) and one decode already keeps
-the machine's memory bandwidth busy, so engine calls run one at a time, off the event loop.
+"""The engine calls the routes need, run on the worker thread (worker.py): generate from token
+ids, logprobs of generated and prompt tokens, the batching rule, stop strings and cancellation
+inside the decode, and the text helpers that keep streamed text equal to the final text.
 
 Batching (``max_batch`` > 1): a request that is plain greedy generation (``batch_key`` is not
 None: temperature 0, no logprobs, no echo, one prompt, mode off / lossy / static) may share one
@@ -11,13 +8,9 @@ None: temperature 0, no logprobs, no echo, one prompt, mode off / lossy / static
 Different knobs never share a batch; neither do different max_tokens (we group equal
 max_tokens rather than run to the longest and truncate: a truncated row would count pruning
 stats and decode work past its own end). Stop strings, chat vs completion and streaming do not
-enter the key: they do not change what the engine decodes (stop strings are applied to each row
-afterwards, streaming is the per-row ``on_token`` hook). Lossless mode, sampling, logprobs and
-echo always run alone. The worker takes the oldest queued request; if it is batchable it waits
-until ``batch_window_s`` after that request arrived (or until ``max_batch`` of its key are
-queued; the window starts when the engine becomes free if that is later, so clients answered by
-the previous batch can rejoin) and takes every queued request of the same key, oldest first, up
-to ``max_batch``: requests of a different key keep their place and run next.
+enter the key: each row has its own ``RowControl`` (its stop strings and its Cancel end that
+row alone), and streaming is the per-row ``on_token`` hook. Lossless mode, sampling, logprobs
+and echo always run alone.
 
 What batching does to the output: the engine left-pads the rows and decodes them together.
 With mode off (and static) a row's tokens equal the row's tokens alone (measured: see the README
@@ -27,23 +20,17 @@ batch unpruned and marks every row degraded), so a lossy request is pruned no mo
 and its tokens and stats can depend on its neighbours. Each response keeps its own row's stats
 (``layers_bypassed`` counts the blocks bypassed for that row's tokens) and its ``batch_size``.
 
-The queue is bounded: ``submit`` raises ``QueueFull`` (the route answers 429 with
-``Retry-After``) when ``max_queue`` requests are waiting or running. A request whose client
-went away before its turn is cancelled, which frees its slot. ``shutdown`` cancels what is still
-queued and waits for the running call.
+Stop strings end the decode as soon as one appears (``RowControl.should_stop``, asked by the
+engine after every token), and the answer is then cut just before it (``apply_stop``).
 
 Must not import the harness.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import concurrent.futures as cf
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
@@ -52,6 +39,7 @@ import torch
 from ..config import PruningConfig
 from ..errors import PromptError
 from .knobs import APIError
+from .worker import Cancel
 
 if TYPE_CHECKING:
     from ..engine import Engine, GenerationResult
@@ -65,10 +53,6 @@ log = logging.getLogger("reference_engine.server")
 # turns it on for throughput at that cost. Lossless never batches (batch-1 speculation).
 BATCHABLE_MODES = ("off", "lossy", "static")
 DEFAULT_BATCH_MODES = ("off", "static")
-
-
-class QueueFull(Exception):
-    pass
 
 
 def batch_key(cfg: PruningConfig, temperature: float, max_tokens: int, *, logprobs: bool = False,
@@ -86,160 +70,6 @@ def batch_key(cfg: PruningConfig, temperature: float, max_tokens: int, *, logpro
     return ("generate", cfg, int(max_tokens))
 
 
-@dataclass
-class _Job:
-    fut: cf.Future
-    fn: Callable[[], Any] | None         # run alone
-    key: Hashable | None = None          # batchable: same key -> may share one batch_fn call
-    item: Any = None
-    batch_fn: Callable[[list[Any]], list[Any]] | None = None
-    t: float = 0.0
-
-
-class EngineWorker:
-    """Runs engine calls on one thread; at most ``max_queue`` requests waiting or running.
-
-    ``submit(fn)`` runs ``fn()`` alone. ``submit(key=k, item=x, batch_fn=f)`` may be run
-    together with other queued jobs of key ``k``: ``f([x1, x2, ...])`` returns one result (or an
-    exception instance) per item, in order. ``on_batch(n)`` is called with the size of every
-    engine call (1 for a job run alone)."""
-
-    def __init__(self, max_queue: int, max_batch: int = 1, batch_window_s: float = 0.0,
-                 on_batch: Callable[[int], None] | None = None) -> None:
-        if max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if batch_window_s < 0:
-            raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
-        self.max_queue, self.max_batch, self.batch_window_s = max_queue, max_batch, batch_window_s
-        self.on_batch = on_batch
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._cv = threading.Condition()
-        self._closed = False
-        self.depth = 0  # waiting + running
-        self._thread = threading.Thread(target=self._loop, name="rsp-engine", daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[[], Any] | None = None, *, key: Hashable | None = None, item: Any = None,
-               batch_fn: Callable[[list[Any]], list[Any]] | None = None) -> "asyncio.Future[Any]":
-        if key is not None and batch_fn is None:
-            raise ValueError("a batchable job needs batch_fn")
-        if key is None and fn is None:
-            if batch_fn is None:
-                raise ValueError("submit needs fn or batch_fn")
-            fn = (lambda: _one(batch_fn, item))
-        fut: cf.Future = cf.Future()
-        with self._cv:
-            if self._closed:  # the server is stopping
-                raise APIError(503, "the server is shutting down", type_="server_error", code="shutting_down")
-            if self.depth >= self.max_queue:
-                raise QueueFull()
-            self.depth += 1
-            self._jobs.append(_Job(fut, fn if key is None else None, key, item, batch_fn, time.monotonic()))
-            self._cv.notify_all()
-        fut.add_done_callback(self._release)  # also on cancel: a cancelled request frees its slot
-        return asyncio.wrap_future(fut)
-
-    def _release(self, _: cf.Future) -> None:
-        with self._cv:
-            self.depth -= 1
-
-    def _take(self) -> list[_Job] | None:
-        """The next engine call's jobs (None: closed and drained). Called on the worker thread."""
-        free = time.monotonic()
-        with self._cv:
-            while not self._jobs and not self._closed:
-                self._cv.wait()
-            if not self._jobs:
-                return None
-            first = self._jobs[0]
-            if first.key is None or self.max_batch == 1:
-                return [self._jobs.popleft()]
-            # Wait for company up to the window after the oldest request arrived, or after the
-            # engine became free if that is later: clients whose answers just left are sending
-            # their next request now, and a short wait lets them join instead of forming a
-            # second, alternating batch.
-            deadline = max(first.t, free) + self.batch_window_s
-            while not self._closed:
-                same = sum(1 for j in self._jobs if j.key == first.key and not j.fut.cancelled())
-                left = deadline - time.monotonic()
-                if same >= self.max_batch or left <= 0:
-                    break
-                self._cv.wait(left)
-            batch: list[_Job] = []
-            rest: collections.deque[_Job] = collections.deque()
-            for j in self._jobs:
-                if j.fut.cancelled():
-                    continue  # its client went away; its slot was freed when it was cancelled
-                if j.key == first.key and len(batch) < self.max_batch:
-                    batch.append(j)
-                else:
-                    rest.append(j)
-            self._jobs = rest
-            return batch
-
-    def _loop(self) -> None:
-        while True:
-            jobs = self._take()
-            if jobs is None:
-                return
-            live = [j for j in jobs if j.fut.set_running_or_notify_cancel()]  # drops cancelled ones
-            if not live:
-                continue
-            if self.on_batch is not None:
-                try:
-                    self.on_batch(len(live))
-                except Exception:  # metrics must never stop the worker
-                    log.exception("on_batch failed")
-            try:
-                if live[0].fn is not None:
-                    results: list[Any] = [live[0].fn()]
-                else:
-                    results = list(live[0].batch_fn([j.item for j in live]))  # type: ignore[misc]
-                    if len(results) != len(live):
-                        raise RuntimeError(f"batch_fn returned {len(results)} results for {len(live)} items")
-            except BaseException as exc:  # noqa: BLE001  (every waiting caller gets the error)
-                results = [exc] * len(live)
-            for j, r in zip(live, results):
-                if isinstance(r, BaseException):
-                    j.fut.set_exception(r)
-                else:
-                    j.fut.set_result(r)
-
-    def shutdown(self) -> None:
-        """Queued work is cancelled (its callers get an error); the running call finishes."""
-        with self._cv:
-            self._closed = True
-            queued, self._jobs = list(self._jobs), collections.deque()
-            self._cv.notify_all()
-        for j in queued:
-            j.fut.cancel()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
-
-
-def _one(batch_fn: Callable[[list[Any]], list[Any]], item: Any) -> Any:
-    [r] = batch_fn([item])
-    if isinstance(r, BaseException):
-        raise r
-    return r
-
-
-async def run_guarded(worker: EngineWorker, fn: Callable[[], Any] | None, is_disconnected: Callable[[], Any],
-                      poll_s: float = 0.25, **batch: Any) -> Any:
-    """Submit ``fn`` (or a batchable job: ``key``, ``item``, ``batch_fn``) and wait for it;
-    cancel it while still queued if the client disconnects."""
-    fut = worker.submit(fn, **batch)
-    while True:
-        done, _ = await asyncio.wait({fut}, timeout=poll_s)
-        if done:
-            return fut.result()
-        if await is_disconnected():
-            fut.cancel()  # only succeeds while queued; a running decode finishes
-            raise asyncio.CancelledError()
-
-
 def stream_safe_text(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     """What of ``text`` (the decoded output so far) may be sent now: (text, stopped). Cut at the
     first stop string (stopped); else hold back a tail that could still become a stop string,
@@ -255,6 +85,124 @@ def stream_safe_text(text: str, stop: Sequence[str]) -> tuple[str, bool]:
                 break
     out = text[:keep]
     return out.rstrip("\ufffd"), False
+
+
+class RowControl:
+    """What ends one row of an engine call early, asked by the engine after every token it takes
+    (``Engine._run``'s ``on_token`` and ``stop_check``): the request's Cancel (disconnect,
+    deadline, shutdown) and its stop strings, matched on the decoded tail as tokens arrive.
+    Also forwards each token to the streaming hook and beats the worker's heartbeat."""
+
+    def __init__(self, engine: "Engine", stop: Sequence[str] = (), cancel: Cancel | None = None,
+                 on_token: Callable[[int, int, int], None] | None = None,
+                 heartbeat: Callable[[], None] | None = None) -> None:
+        self.decode = engine.decode
+        self.stop = [s for s in stop if s]
+        # A stop string of n characters spans at most 4 (n + 1) byte-level tokens (a character is
+        # at most 4 byte tokens); decoding only that tail keeps the check cheap on long answers.
+        self.window = 4 * (max(map(len, self.stop)) + 1) + 4 if self.stop else 0
+        self.cancel = cancel if cancel is not None else Cancel()
+        self.cancel.progress = lambda: len(self.toks)
+        self.on_token, self.heartbeat = on_token, heartbeat
+        self.toks: list[int] = []
+
+    def token(self, row: int, index: int, token: int) -> None:
+        del self.toks[index:]  # a degraded rerun starts again from index 0
+        self.toks.append(token)
+        if self.on_token is not None:
+            self.on_token(0, index, token)
+
+    def should_stop(self, row: int = 0) -> bool:
+        if self.heartbeat is not None:
+            self.heartbeat()
+        if self.cancel.reason is not None:
+            if self.cancel.at_stop is None:
+                self.cancel.at_stop = len(self.toks)
+            return True
+        if self.stop:
+            tail = self.decode(self.toks[-self.window:])
+            return any(s in tail for s in self.stop)
+        return False
+
+
+def encode_text(engine: "Engine", text: str, add_special_tokens: bool = True) -> list[int]:
+    """The tokenizer on client text. A lone surrogate (valid JSON, not valid UTF-8) makes the
+    tokenizer raise; like ``Engine.encode``, tokenize a copy with U+FFFD in its place."""
+    text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return list(engine.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+
+def clean_text(text: str) -> str:
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def text_deltas(engine: "Engine", token_ids: Sequence[int], final_text: str) -> list[str]:
+    """One text delta per token whose concatenation is exactly ``final_text``: a character split
+    across tokens goes out with the token that completes it (never as U+FFFD), and the deltas
+    stop where the final text ends (before a stop string)."""
+    out, sent = [], ""
+    for n in range(1, len(token_ids) + 1):
+        text = engine.decode(token_ids[:n]).rstrip("\ufffd")[:len(final_text)]
+        if len(text) > len(sent) and text.startswith(sent) and final_text.startswith(text):
+            out.append(text[len(sent):])
+            sent = text
+        else:
+            out.append("")
+    if out and len(sent) < len(final_text):
+        out[-1] += final_text[len(sent):]
+    return out
+
+
+_BYTE_DECODER: dict[str, int] | None = None
+
+
+def token_bytes(engine: "Engine", token: int) -> list[int]:
+    """The UTF-8 bytes a token adds to the text: its own bytes (a byte-level BPE piece may hold
+    part of a character), none for a special token (the text skips those)."""
+    global _BYTE_DECODER
+    tok = engine.tokenizer
+    if token in set(tok.all_special_ids):
+        return []
+    if _BYTE_DECODER is None:
+        _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+    piece = tok.convert_ids_to_tokens(int(token))
+    if _byte_level(tok) and isinstance(piece, str) and piece and all(c in _BYTE_DECODER for c in piece):
+        return [_BYTE_DECODER[c] for c in piece]
+    return list(tok.decode([int(token)], skip_special_tokens=True).encode("utf-8"))
+
+
+_BYTE_LEVEL: dict[int, bool] = {}
+
+
+def _byte_level(tok: Any) -> bool:
+    """Whether the tokenizer's pieces are GPT-2 byte-level strings (then a piece is its bytes)."""
+    if id(tok) not in _BYTE_LEVEL:
+        try:
+            decoder = json.loads(tok.backend_tokenizer.to_str()).get("decoder") or {}
+        except Exception:  # a slow tokenizer: no backend to ask
+            decoder = {}
+        kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", []) or []]
+        _BYTE_LEVEL[id(tok)] = "ByteLevel" in kinds
+    return _BYTE_LEVEL[id(tok)]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def text_offsets(engine: "Engine", token_ids: Sequence[int], start: int = 0) -> list[int]:
+    """Character offset in the decoded text (special tokens skipped, as the text skips them) at
+    which each token starts, from ``start``."""
+    return [start + len(engine.decode(token_ids[:i]).rstrip("\ufffd")) for i in range(len(token_ids))]
 
 
 # ---------------------------------------------------------------- log records
@@ -315,9 +263,16 @@ def check_fit(engine: "Engine", ids: Sequence[int], max_tokens: int, param: str 
                             f"context of {ctx} tokens", param, code="context_length_exceeded")
 
 
-def chat_ids(engine: "Engine", messages: Sequence[dict[str, Any]]) -> list[int]:
-    """The chat template applied to ``messages``: for one user message, exactly ``engine.encode``."""
-    ids = engine.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+def chat_ids(engine: "Engine", messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    """The chat template applied to ``messages`` (role and string content each, see
+    schemas.ChatMessage.text): for one user message, exactly ``engine.encode``. A template that
+    rejects the messages (roles out of order, two system messages) is a 400 naming them."""
+    msgs = [{"role": m["role"], "content": clean_text(m["content"] or "")} for m in messages]
+    try:
+        ids = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, tokenize=True)
+    except Exception as exc:  # jinja's TemplateError and whatever the template raises
+        raise APIError(400, f"the chat template rejected the messages: {type(exc).__name__}: {exc}"[:500],
+                       "messages", code="invalid_value") from None
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)
@@ -339,7 +294,7 @@ def prompt_logits(engine: "Engine", ids: Sequence[int]) -> torch.Tensor:
 
 def generate_ids(engine: "Engine", prompt_text: str, ids: Sequence[int], max_new: int, cfg: PruningConfig,
                  temperature: float, seed: int | None, log_file: IO[str] | None,
-                 want_logits: bool, on_token: Callable[[int, int, int], None] | None = None) -> "GenerationResult":
+                 want_logits: bool, control: RowControl | None = None) -> "GenerationResult":
     """``Engine.generate`` for already-templated token ids (the engine's own loop and checks).
 
     ``prompt_text`` is what the degradation text check and the density factor read; for a single
@@ -354,12 +309,15 @@ def generate_ids(engine: "Engine", prompt_text: str, ids: Sequence[int], max_new
     if cfg.mode == "lossless":
         from ..speculative import generate_lossless
 
-        [res] = generate_lossless(engine, rows, max_new, cfg, log_file)
+        [res] = generate_lossless(engine, rows, max_new, cfg, log_file,
+                                  stop_check=control.should_stop if control is not None else None,
+                                  on_token=control.token if control is not None else None)
         if want_logits and res.token_ids:  # lossless output is the unpruned model's by construction
             res.logits = engine.teacher_forced(list(ids), res.token_ids, cfg.override(mode="off", log_level="NONE")).logits
         return res
     [res] = engine._run(rows, max_new, cfg, temperature, seed, None, log_file, keep_logits=want_logits,
-                        on_token=on_token)
+                        on_token=control.token if control is not None else None,
+                        stop_check=control.should_stop if control is not None else None)
     return res
 
 
@@ -381,14 +339,16 @@ def apply_stop(engine: "Engine", token_ids: list[int], stop: Sequence[str]) -> t
 def run_completion(engine: "Engine", ids: list[int], prompt_text: str, max_tokens: int, cfg: PruningConfig,
                    temperature: float, seed: int | None, stop: Sequence[str], want_logits: bool,
                    echo: bool, decode_from: int | None, log_file: IO[str] | None,
-                   on_token: Callable[[int, int, int], None] | None = None) -> Generated:
-    """One prompt of a (chat) completion request, everything the response needs."""
+                   control: RowControl | None = None) -> Generated:
+    """One prompt of a (chat) completion request, everything the response needs. ``control``
+    (default: one for ``stop`` alone) ends the decode early; see RowControl."""
     n_layers = engine.dims.n_layers
     out = Generated(list(ids), [], {}, finish_reason="length")
+    control = control if control is not None else RowControl(engine, stop)
     try:
         if max_tokens > 0:
             res = generate_ids(engine, prompt_text, ids, max_tokens, cfg, temperature, seed, log_file, want_logits,
-                               on_token)
+                               control)
             _take_result(engine, out, res, stop)
         if echo:
             full = prompt_logits(engine, ids) if len(ids) > 1 else torch.empty(0, engine.dims.vocab)
@@ -396,7 +356,10 @@ def run_completion(engine: "Engine", ids: list[int], prompt_text: str, max_token
                 if decode_from >= len(ids):
                     raise APIError(400, f"decode_from={decode_from} must be below the prompt length {len(ids)}",
                                    "decode_from", code="invalid_value")
-                forced = engine.teacher_forced(ids[:decode_from], ids[decode_from:], cfg)
+                # the cancel (and heartbeat) only: stop strings do not apply to given tokens
+                forced = engine.teacher_forced(ids[:decode_from], ids[decode_from:], cfg,
+                                               stop_check=RowControl(engine, (), control.cancel, None,
+                                                                     control.heartbeat).should_stop)
                 full = torch.cat([full[:decode_from - 1], forced.logits])
                 if max_tokens == 0:
                     out.stats = dict(forced.stats)
@@ -438,6 +401,7 @@ class BatchItem:
     stop: Sequence[str] = ()
     log_file: IO[str] | None = None
     on_token: Callable[[int, int, int], None] | None = None  # called as (0, index, token)
+    cancel: Cancel | None = None
 
 
 class BatchLog:
@@ -473,35 +437,34 @@ class BatchLog:
                 sink.flush()
 
 
-def run_batch(engine: "Engine", cfg: PruningConfig, max_tokens: int, items: Sequence[BatchItem]) -> list[Any]:
+def run_batch(engine: "Engine", cfg: PruningConfig, max_tokens: int, items: Sequence[BatchItem],
+              heartbeat: Callable[[], None] | None = None) -> list[Any]:
     """Greedy generation of several requests of one batch key as one ``Engine._run`` call; one
     ``Generated`` (or an ``APIError``) per item. One item runs exactly as ``run_completion``.
-    Should the batched call fail, each item is run alone, so one bad row cannot fail the others."""
+    Each row stops on its own stop strings and Cancel. Should the batched call fail, each item
+    is run alone, so one bad row cannot fail the others."""
+    controls = [RowControl(engine, it.stop, it.cancel, it.on_token, heartbeat) for it in items]
     if len(items) == 1:
         it = items[0]
         try:
             return [run_completion(engine, it.ids, it.prompt_text, max_tokens, cfg, 0.0, None, it.stop, False, False,
-                                   None, it.log_file, it.on_token)]
+                                   None, it.log_file, controls[0])]
         except APIError as exc:
             return [exc]
     from ..generation import PromptRow
 
     n_layers = engine.dims.n_layers
     cfg.blacklist_for(n_layers)
-
-    def on_token(row: int, index: int, token: int) -> None:
-        hook = items[row].on_token
-        if hook is not None:
-            hook(0, index, token)
-
     sinks = [it.log_file for it in items]
     log_file = BatchLog(sinks) if any(s is not None for s in sinks) else None
     try:
         results = engine._run([PromptRow(it.prompt_text, list(it.ids)) for it in items], max_tokens, cfg, 0.0, None,
-                              None, log_file, keep_logits=False, on_token=on_token)
+                              None, log_file, keep_logits=False,
+                              on_token=lambda row, i, t: controls[row].token(row, i, t),
+                              stop_check=lambda row: controls[row].should_stop(row))
     except Exception:
         log.warning("a batch of %d failed; running its requests one at a time", len(items), exc_info=True)
-        return [r for it in items for r in run_batch(engine, cfg, max_tokens, [it])]
+        return [r for it in items for r in run_batch(engine, cfg, max_tokens, [it], heartbeat)]
     outs: list[Any] = []
     for it, res in zip(items, results):
         out = Generated(list(it.ids), [], {}, finish_reason="length")
@@ -511,15 +474,19 @@ def run_batch(engine: "Engine", cfg: PruningConfig, max_tokens: int, items: Sequ
     return outs
 
 
+# JSON has no -inf: a token of probability 0 is listed at vLLM's floor instead.
+LOGPROB_FLOOR = -9999.0
+
+
 def top_entries(logits_row: torch.Tensor, n: int) -> list[tuple[int, float]]:
     """The ``n`` most likely (token id, logprob) of one logits row."""
     logp = torch.log_softmax(logits_row.double(), -1)
     vals, idx = logp.topk(n) if n > 0 else (logp[:0], logp[:0].long())
-    return [(int(i), float(v)) for i, v in zip(idx.tolist(), vals.tolist())]
+    return [(int(i), max(float(v), LOGPROB_FLOOR)) for i, v in zip(idx.tolist(), vals.tolist())]
 
 
 def token_logprob(logits_row: torch.Tensor, token: int) -> float:
-    return float(torch.log_softmax(logits_row.double(), -1)[token])
+    return max(float(torch.log_softmax(logits_row.double(), -1)[token]), LOGPROB_FLOOR)
 
 
 def sum_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

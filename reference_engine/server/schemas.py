@@ -2,7 +2,10 @@
 
 The request models accept the fields OpenAI clients send and ignore the rest (``extra="allow"``:
 the official client and lm-eval send fields this server has no use for, e.g. ``user``); a field
-this server reads is validated here, so a bad value is a 422 naming it before any engine work.
+this server reads is validated here, so a bad value is a 400 naming it before any engine work
+(limits.parse_body). The OpenAI sampling fields this engine does not implement (``top_p``,
+penalties, ``logit_bias``, ``response_format``, ``tools``...) are declared too, so that
+limits.refuse_unsupported can refuse them by name unless they carry their neutral value.
 Two extensions beyond the OpenAI API, both optional: the ``pruning`` object (per-request knobs,
 see knobs.py) and, on completions, ``decode_from`` (prompt tokens from that index on are fed
 through the engine's decode path, pruning applied, as ``Engine.teacher_forced`` does; earlier
@@ -31,10 +34,28 @@ class PruningBody(BaseModel):
     hardware_watermark: float | None = None
 
 
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str
-    content: Union[str, list[dict[str, Any]], None] = None
+    role: str = Field(max_length=64)
+    content: Union[str, list[ContentPart], None] = None
+
+    def text(self, where: str) -> str:
+        """The content as one string (None: ""); OpenAI content parts must be text parts.
+        Raises ValueError naming ``where`` for any other part."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        texts = []
+        for i, part in enumerate(self.content):
+            if part.type != "text":
+                raise ValueError(f"{where}.{i}: content part type {part.type!r} is not supported (text only)")
+            texts.append(part.text or "")
+        return "".join(texts)
 
 
 class StreamOptions(BaseModel):
@@ -42,16 +63,37 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     temperature: float | None = Field(default=0.0, ge=0.0, le=2.0)
-    seed: int | None = None
+    # torch's generator takes a seed in [-2**63, 2**64); beyond that it raised (a 500)
+    seed: int | None = Field(default=None, ge=-(2 ** 63), lt=2 ** 64)
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)  # one choice per prompt: the engine decodes greedily
     pruning: PruningBody | None = None
+    user: str | None = None
+    # Declared so that they can be refused by name (limits.refuse_unsupported), not ignored.
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None
 
 
 class ChatCompletionRequest(_Common):
@@ -73,6 +115,8 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     decode_from: int | None = Field(default=None, ge=1)
     return_tokens_as_token_ids: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class TokenizeRequest(BaseModel):
@@ -183,3 +227,50 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    tokenizer_class: str
+    eos_token: str | None
+    bos_token: str | None
+    pad_token: str | None
+    unk_token: str | None
+    chat_template: str | None
+    model_max_length: int
+    vocab_size: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "rsp-bench"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    """``status`` "ok", or "down" (a 503) when the engine worker died or hung."""
+
+    status: Literal["ok", "down"]
+    model: str
+    worker_alive: bool
+    down_reason: str | None = None
+    queue_depth: int   # admitted requests: preparing, waiting or running
+    waiting: int       # of those, queued for the engine
+    max_queue: int
