@@ -265,7 +265,7 @@ def test_baseline_cli_update_and_show(tmp_path: Path, capsys: pytest.CaptureFixt
     record_path = write_record(_records()[0], results)
     assert run_baseline(_parse(configure_baseline_parser, ["show", "--results", str(results)])) == 0
     assert "no baselines" in capsys.readouterr().out
-    assert run_baseline(_parse(configure_baseline_parser, ["update", str(record_path), "--results", str(results)])) == 0
+    assert run_baseline(_parse(configure_baseline_parser, ["update", str(record_path), "--results", str(results), "--reason", "test"])) == 0
     out = capsys.readouterr().out
     written = sorted((results / "baselines").glob("tiny__*.json"))
     assert written and all(str(p) in out for p in written)
