@@ -19,6 +19,7 @@ import math
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,6 +81,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="decide inside or outside 1 +- HORIZON (default: 0.05)")
     s.add_argument("--confidence", type=_num("--confidence", 0, 1, open_lo=True, open_hi=True), default=0.95,
                    help="of the interval (default: 0.95)")
+    s.add_argument("--trim", type=_num("--trim", 0, 0.5, open_hi=True), default=0.2,
+                   help="share of paired rounds trimmed from each end of the interval (default: 0.2; 0: plain t)")
     s.add_argument("--budget", type=_num("--budget", 0), default=60.0, metavar="SECONDS",
                    help="wall time of the speed rounds before stopping undecided (default: 60)")
     s.add_argument("--min-rounds", type=_num("--min-rounds", 2, integer=True), default=6, help="(default: 6)")
@@ -123,7 +126,7 @@ def _settings(a: argparse.Namespace) -> Any:
     from rsp_bench.ab.runner import ABSettings
 
     return ABSettings(base=a.base, head=a.head, base_url=a.base_url, head_url=a.head_url, repo=a.repo, engine=a.engine,
-                      model=a.model, mode=a.mode, sensitivity=a.sensitivity, horizon=a.horizon, confidence=a.confidence,
+                      model=a.model, mode=a.mode, sensitivity=a.sensitivity, horizon=a.horizon, confidence=a.confidence, trim=a.trim,
                       budget_s=a.budget, min_rounds=a.min_rounds, max_rounds=a.max_rounds, batches=a.batch,
                       speed_tokens=a.speed_tokens, quality_prompts=a.prompts, quality_tokens=a.tokens, squad=a.squad,
                       threads=a.threads, max_flips=a.max_flips, min_top1=a.min_top1, max_kl=a.max_kl,
@@ -167,19 +170,25 @@ def run(a: argparse.Namespace) -> int:
     if out_path.exists() and out_path.is_dir():
         raise HarnessInputError(f"--out {a.out!r} is a folder; give a file path")
     logs = Path(a.logs) if a.logs else None
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
     import tempfile
 
     reports, runs = [], []
     with tempfile.TemporaryDirectory(prefix="rsp-ab-logs-") as tmp:
         for i in range(a.repeat):
             bar, progress = _bar(a.quiet, settings)
+            t0 = time.perf_counter()
             try:
                 with prepared_sides(settings, logs or Path(tmp)) as (base, head, bi, hi):
+                    ready = time.perf_counter() - t0
                     report = run_with_sides(base, head, settings, bi, hi, progress,
                                             quality=i == 0, speed=not a.no_speed)
             finally:
                 if bar is not None:
                     bar.close()
+            report.timing["ready_s"] = ready
+            report.timing["total_s"] = time.perf_counter() - t0
             reports.append(report)
             runs.append(power.run_summary(report))
             if a.repeat > 1 and not a.quiet:

@@ -53,6 +53,7 @@ class ABSettings:
     sensitivity: float | None = None
     horizon: float = 0.05
     confidence: float = 0.95
+    trim: float = 0.2                    # share of pairs trimmed from each end (stats module docstring)
     budget_s: float = 60.0               # wall time of the speed phase
     min_rounds: int = 6
     max_rounds: int = 200
@@ -96,6 +97,8 @@ class ABSettings:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo < value < hi and not (
                     name == "min_top1" and value in (0.0, 1.0)):
                 raise HarnessInputError(f"{name} must be a number in ({lo:g}, {hi:g}), got {value!r}")
+        if isinstance(self.trim, bool) or not isinstance(self.trim, (int, float)) or not 0 <= self.trim < 0.5:
+            raise HarnessInputError(f"trim must be a number in [0, 0.5), got {self.trim!r}")
         for name, value in (("budget_s", self.budget_s), ("max_kl", self.max_kl), ("max_f1_drop", self.max_f1_drop)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
                 raise HarnessInputError(f"{name} must be a number >= 0, got {value!r}")
@@ -365,7 +368,7 @@ def speed_metrics(rounds: Sequence[dict[str, Any]], settings: ABSettings) -> dic
                 ratios = [r["head"][key] / r["base"][key] for r in rs]
             else:  # a time: base / head, so that > 1 still means the head is faster
                 ratios = [r["base"][key] / r["head"][key] for r in rs]
-            iv = log_ratio_interval(ratios, settings.confidence)
+            iv = log_ratio_interval(ratios, settings.confidence, settings.trim)
             out[name] = {"metric": key, "batch": batch, "gated": gated, "ratios": ratios, "interval": iv.to_json(),
                          "decision": decide(iv, settings.horizon),
                          "base_median": statistics.median(r["base"][key] for r in rs),
