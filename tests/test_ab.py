@@ -207,10 +207,31 @@ def test_ttft_is_reported_but_not_gated_unless_asked():
 
 def test_speed_ratios_point_the_same_way():
     rounds = [{"round": 0, "batch": 1, "order": ["base", "head"],
-               "base": {"tokens_per_s": 40.0, "ttft_s": 0.1}, "head": {"tokens_per_s": 20.0, "ttft_s": 0.2}}]
+               "base": {"tokens_per_s": 40.0, "best_tokens_per_s": 50.0, "ttft_s": 0.1},
+               "head": {"tokens_per_s": 20.0, "best_tokens_per_s": 40.0, "ttft_s": 0.2}}]
     m = speed_metrics(rounds, ABSettings(base="x", batches=(1,)))
-    assert m["decode tok/s, batch 1"]["ratios"] == [0.5]
+    assert m["decode tok/s, batch 1"]["ratios"] == [0.8]  # fastest steps by default
     assert m["TTFT speed, batch 1"]["ratios"] == [0.5]  # twice the TTFT reads as half the speed
+    m = speed_metrics(rounds, ABSettings(base="x", batches=(1,), step_stat="median"))
+    assert m["decode tok/s, batch 1"]["ratios"] == [0.5]
+
+
+def test_a_decided_slowdown_stops_sampling_at_once():
+    # batch 4 barely changes (undecided for long), batch 1 is 15% slower: no need to wait for batch 4
+    log: list[str] = []
+    settings = ABSettings(base="x", budget_s=1e9, min_rounds=6)
+
+    class Split(FakeSide):
+        def time(self, prompts, max_new_tokens):
+            t = super().time(prompts, max_new_tokens)
+            if self.label == "head" and len(prompts) == 1:
+                t["step_times_s"] = [x / 0.85 for x in t["step_times_s"]]
+            return t
+
+    base, head = FakeSide("base", 0.025, 0.03, 1, log), Split("head", 0.025 * 1.03, 0.03, 2, log)
+    rounds, metrics, stopped = run_speed(base, head, settings, clock=FakeClock(log))
+    assert stopped == "decided" and metrics["decode tok/s, batch 1"]["decision"] == "slower"
+    assert metrics["decode tok/s, batch 4"]["decision"] == "undecided"
 
 
 # --------------------------------------------------------------------------- report and exit codes
@@ -304,7 +325,7 @@ def test_outside_a_checkout_is_a_usage_error(tmp_path):
 # --------------------------------------------------------------------------- a real worker
 
 def test_worker_imports_its_own_tree_and_times_a_call(tiny_model_dir, tmp_path):
-    settings = ABSettings(base="x", model=str(tiny_model_dir), threads=1)
+    settings = ABSettings(base="x", model=str(tiny_model_dir))
     side = WorkerSide("head", REPO, settings, tmp_path)
     try:
         hello = side.hello()

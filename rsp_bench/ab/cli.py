@@ -90,8 +90,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     s.add_argument("--batch", type=_batches, default=(1, 4), metavar="LIST", help="batch sizes (default: 1,4)")
     s.add_argument("--speed-tokens", type=_num("--speed-tokens", 3, integer=True), default=16,
                    help="tokens per timed call (default: 16)")
-    s.add_argument("--threads", type=_num("--threads", 0, integer=True), default=0,
-                   help="torch/kernel threads per side (default 0: every usable core; the sides never run at once)")
+    s.add_argument("--threads", type=_num("--threads", 0, integer=True), default=1,
+                   help="torch/kernel threads per side (default 1: on a shared machine a second thread waits for a "
+                        "descheduled one at every barrier, which doubles the noise; 0: every usable core)")
+    s.add_argument("--step-stat", choices=("min", "median"), default="min",
+                   help="per call, decode speed from its fastest step (default) or its median step")
     s.add_argument("--gate-ttft", action="store_true", help="gate TTFT too (default: reported, not gated)")
     s.add_argument("--fail-undecided", action="store_true", help="exit 1 when speed is undecided at the budget")
     s.add_argument("--no-speed", action="store_true", help="quality only")
@@ -129,7 +132,7 @@ def _settings(a: argparse.Namespace) -> Any:
                       model=a.model, mode=a.mode, sensitivity=a.sensitivity, horizon=a.horizon, confidence=a.confidence, trim=a.trim,
                       budget_s=a.budget, min_rounds=a.min_rounds, max_rounds=a.max_rounds, batches=a.batch,
                       speed_tokens=a.speed_tokens, quality_prompts=a.prompts, quality_tokens=a.tokens, squad=a.squad,
-                      threads=a.threads, max_flips=a.max_flips, min_top1=a.min_top1, max_kl=a.max_kl,
+                      threads=a.threads, step_stat=a.step_stat, max_flips=a.max_flips, min_top1=a.min_top1, max_kl=a.max_kl,
                       max_f1_drop=a.max_f1_drop, gate_ttft=a.gate_ttft, fail_undecided=a.fail_undecided)
 
 
