@@ -67,7 +67,10 @@ def update_power_file(path: str | Path, name: str, entry: dict[str, Any]) -> Pat
 def power_entry(runs: list[dict[str, Any]], reports: list[ABReport], argv: Sequence[str] | None, diff: str | None,
                 note: str | None) -> dict[str, Any]:
     first = reports[0]
-    return {"command": "rsp-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+    from rsp_bench.records.environment import git_commit
+
+    return {"harness_commit": git_commit(Path(__file__).resolve().parent),
+            "command": "rsp-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
             "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "base": {k: first.base.get(k) for k in ("ref", "commit", "label", "url")},
             "head": {k: first.head.get(k) for k in ("ref", "commit", "label", "url")},

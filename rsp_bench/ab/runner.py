@@ -388,9 +388,12 @@ def speed_metrics(rounds: Sequence[dict[str, Any]], settings: ABSettings) -> dic
 
 
 def _speed_prompts(batch: int) -> list[str]:
+    """The ``batch`` shortest prompts of the fixed set: a timed call is mostly prefill otherwise
+    (prefill of ~45 tokens at one thread costs about 15 decode steps here), and only its decode
+    steps are the sample."""
     from rsp_bench.speed.calls import fixed_prompts, prompts_for_batch
 
-    return prompts_for_batch(fixed_prompts(), batch)
+    return prompts_for_batch(sorted(fixed_prompts(), key=len), batch)
 
 
 def run_speed(base: Side, head: Side, settings: ABSettings, progress: Callable[[int, dict], None] | None = None,
