@@ -5,6 +5,7 @@
     rsp-bench run [--quick]          the suites, records, gate and leaderboard (the main job)
     rsp-bench project                projected tokens/s and GPU idle time per hardware profile
     rsp-bench bench                  measured, interleaved decode speed on this machine
+    rsp-bench ab --base REF          A/B of REF and the working tree, interleaved; exit 1 if slower
     rsp-bench gate                   compare a run record with a baseline; exit 1 on regression
     rsp-bench leaderboard            rebuild the leaderboard tables from the records
     rsp-bench baseline update|show   manage committed baselines
@@ -497,6 +498,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
         "run": ("run the suites, write records, gate, rebuild the leaderboard", _configure_run, _run_run),
         "project": ("projected tokens/s and GPU idle time per profile", *lazy("speed", "configure_project_parser", "run_project")),
         "bench": ("measured interleaved decode speed on this machine", *lazy("speed", "configure_bench_parser", "run_bench")),
+        "ab": ("A/B of a base ref and the working tree (or two URLs) on this machine: exit 1 on a decided slowdown",
+               *lazy("ab.cli", "configure_parser", "run")),
         "gate": ("compare a run record with a baseline (exit 1 on regression)", *lazy("gate", "configure_gate_parser", "run_gate")),
         "leaderboard": ("rebuild leaderboard tables from run records", *lazy("leaderboard", "configure_leaderboard_parser", "run_leaderboard")),
         "baseline": ("update or show baselines", *lazy("baselines", "configure_baseline_parser", "run_baseline")),

@@ -1,0 +1,58 @@
+"""rsp-bench ab end to end, on the real engine: an A/A run (base and head at the same commit, each
+in its own worktree and worker process) must pass, come out token-identical, and keep every
+round of both sides in its record. Deselect with ``-m "not ab"`` (about 40 s on 2 cores).
+
+The speed phase is kept short (``--budget 15``): this checks the contract, not the power, which
+results/ab_power.json measures over many runs. A decided slowdown here would be a false alarm,
+and the A/A rate of those is measured under 5%, so this can fail on a bad day: that is a real
+finding about the statistics, not flakiness to retry.
+
+Must NOT import torch or the engine (the workers load it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+with warnings.catch_warnings():  # "ab" is not in the plugin's marker list yet; -m "not ab" works regardless
+    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+    pytestmark = [pytest.mark.ab, pytest.mark.reference_only]
+
+
+def _git_ok() -> bool:
+    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "HEAD"], capture_output=True, text=True)
+    return out.returncode == 0
+
+
+@pytest.mark.skipif(not _git_ok(), reason="rsp-bench ab needs a git checkout")
+def test_aa_run_passes_token_identical(tmp_path):
+    out_path = tmp_path / "ab.json"
+    md_path = tmp_path / "ab.md"
+    proc = subprocess.run([sys.executable, "-m", "rsp_bench.cli", "ab", "--base", "HEAD", "--head", "HEAD",
+                           "--prompts", "4", "--tokens", "16", "--budget", "15", "--min-rounds", "4",
+                           "--out", str(out_path), "--markdown", str(md_path), "--quiet"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = json.loads(out_path.read_text())
+    assert rec["schema"] == "rsp-bench-ab/1" and rec["exit_code"] == 0
+    assert rec["speed_verdict"] in ("inside", "undecided", "faster")
+    q = rec["quality"]
+    assert q["flipped"] == [] and q["exact_match_rate"] == 1.0 and q["kl_mean"] == 0.0 and q["top1_agreement"] == 1.0
+    # each side ran its own tree: two worktrees of one commit, neither the checkout itself
+    roots = {side: Path(rec[side]["worker"]["modules"]["reference_engine"]).parents[1] for side in ("base", "head")}
+    assert roots["base"] != roots["head"] and REPO not in roots.values()
+    assert rec["base"]["commit"] == rec["head"]["commit"]
+    assert all(not r.exists() for r in roots.values())  # the worktrees were removed afterwards
+    # every round of both sides is kept, alternating who went first
+    rounds = [r for r in rec["rounds"] if r["batch"] == 1]
+    assert len(rounds) >= 4 and [r["order"][0] for r in rounds[:2]] == ["base", "head"]
+    assert all(len(r["base"]["step_times_s"]) == 15 and len(r["head"]["step_times_s"]) == 15 for r in rounds)
+    assert "rsp-bench A/B" in md_path.read_text()
