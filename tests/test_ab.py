@@ -338,3 +338,13 @@ def test_worker_imports_its_own_tree_and_times_a_call(tiny_model_dir, tmp_path):
     finally:
         side.close()
     assert side.proc.returncode == 0
+
+
+def test_an_interval_from_one_round_is_valid_json() -> None:
+    # Under load a short budget may fit one round: its interval is (0, inf), written as null.
+    import json
+
+    from rsp_bench.ab.stats import log_ratio_interval
+
+    data = log_ratio_interval([1.02]).to_json()
+    assert data["hi"] is None and json.loads(json.dumps(data, allow_nan=False))["lo"] == 0.0

@@ -78,7 +78,7 @@ class ABReport:
         rows = []
         for name, m in self.speed.items():
             iv = m["interval"]
-            hi = "inf" if iv["hi"] == float("inf") else f"{iv['hi']:.3f}"
+            hi = "inf" if iv["hi"] in (None, float("inf")) else f"{iv['hi']:.3f}"
             rows.append([name, f"{m['base_median']:.4g}", f"{m['head_median']:.4g}", f"{iv['ratio']:.3f}",
                          f"[{iv['lo']:.3f}, {hi}]", str(iv["n"]), m["decision"] + ("" if m.get("gated") else " (info)")])
         return rows

@@ -130,7 +130,8 @@ class RatioInterval:
     log_sd: float  # winsorized sd of the per-round log ratios (the plain sd at trim 0; 0 when n < 2)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON allows: an unbounded end (one round, nothing decided) is null, not inf."""
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
 def _ratios(values: Sequence[float], name: str) -> list[float]:
