@@ -15,16 +15,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-with warnings.catch_warnings():  # "ab" is not in the plugin's marker list yet; -m "not ab" works regardless
-    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-    pytestmark = [pytest.mark.ab, pytest.mark.reference_only]
+pytestmark = [pytest.mark.ab, pytest.mark.reference_only]
 
 
 def _git_ok() -> bool:

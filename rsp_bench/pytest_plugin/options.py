@@ -27,6 +27,7 @@ MARKERS = {
     "gpu": "needs a CUDA device; skipped without one",
     "reference_only": "exercises the reference engine itself; skipped under another --rsp-engine",
     "docs": "a documentation page's examples, run as written",
+    "ab": "rsp-bench ab end to end (two worktrees, two workers); deselect with -m 'not ab'",
 }
 # Markers whose tests, when they run, name a suite in the run record.
 SUITE_MARKERS = ("equivalence", "extraction", "throughput", "adversarial", "lm_eval")
