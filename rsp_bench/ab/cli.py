@@ -85,7 +85,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="share of paired rounds trimmed from each end of the interval (default: 0.2; 0: plain t)")
     s.add_argument("--budget", type=_num("--budget", 0), default=60.0, metavar="SECONDS",
                    help="wall time of the speed rounds before stopping undecided (default: 60)")
-    s.add_argument("--min-rounds", type=_num("--min-rounds", 2, integer=True), default=6, help="(default: 6)")
+    s.add_argument("--min-rounds", type=_num("--min-rounds", 2, integer=True), default=6,
+                   help="rounds always run, whatever the budget (default: 6)")
     s.add_argument("--max-rounds", type=_num("--max-rounds", 2, integer=True), default=200, help="(default: 200)")
     s.add_argument("--batch", type=_batches, default=(1, 4), metavar="LIST", help="batch sizes (default: 1,4)")
     s.add_argument("--speed-tokens", type=_num("--speed-tokens", 3, integer=True), default=16,

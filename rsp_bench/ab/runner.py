@@ -398,8 +398,8 @@ def _speed_prompts(batch: int) -> list[str]:
 
 def run_speed(base: Side, head: Side, settings: ABSettings, progress: Callable[[int, dict], None] | None = None,
               clock: Callable[[], float] = time.monotonic) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], str]:
-    """Interleaved rounds until every gated metric is decided (after min_rounds), the budget
-    runs out, or max_rounds. Returns (rounds, metrics, why it stopped)."""
+    """Interleaved rounds until every gated metric is decided, the budget runs out (both only
+    after min_rounds, which always run), or max_rounds. Returns (rounds, metrics, why it stopped)."""
     prompts = {b: _speed_prompts(b) for b in settings.batches}
     t0 = clock()  # the budget covers the warm-up too: it is what a CI job waits for
     for _ in range(settings.warmup):  # first calls allocate, fault pages in, fill caches: discarded
@@ -422,7 +422,8 @@ def run_speed(base: Side, head: Side, settings: ABSettings, progress: Callable[[
         if r + 1 >= settings.min_rounds and (all(d != "undecided" for d in gated) or "slower" in gated):
             stopped = "decided"
             break
-        if clock() - t0 >= settings.budget_s:
+        # min_rounds is a floor the budget cannot cut: fewer paired rounds give no interval worth reading
+        if r + 1 >= settings.min_rounds and clock() - t0 >= settings.budget_s:
             stopped = "budget"
             break
     return rounds, metrics_now, stopped
