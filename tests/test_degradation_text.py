@@ -147,18 +147,10 @@ def test_registry_is_complete() -> None:
         assert c.description, c.name
 
 
-# Classes no character rule checks any more: the model-level score (reference_engine/ood.py)
-# catches them, measured on the embedded model by suites/test_adversarial.py.
-MODEL_LEVEL_CLASSES = {"combining_flood"}
-TEXT_LEVEL_CLASSES = [n for n in DEGRADE_CLASSES if n not in MODEL_LEVEL_CLASSES]
-
-
-def test_stacked_combining_marks_are_left_to_the_model_score() -> None:
-    assert text_anomaly_reason("z\u0301\u0302\u0303\u0304\u0305algo") is None
-    assert "combining_flood" not in REASONS
-
-
-@pytest.mark.parametrize("name", TEXT_LEVEL_CLASSES)
+# Every class with expect_degrade has a character rule, combining_flood included: the rule
+# keeps Zalgo text protected on weights with no fitted model-level score, and a Zalgo prompt
+# is thousands of tokens of prefill the text check answers for free.
+@pytest.mark.parametrize("name", DEGRADE_CLASSES)
 def test_adversarial_class_fires(name: str) -> None:
     verdicts = _verdicts(STRATEGIES[name].strategy())
     assert len(verdicts) >= N_EXAMPLES // 2, f"{name}: only {len(verdicts)} examples generated"
@@ -210,6 +202,7 @@ def test_near_context_limit_is_long_and_ordinary() -> None:
         ("access \u202eevil\u202c granted", "bidi_override"),
         ("pass\u200bword", "zero_width_chars"),
         ("smuggled \U000e0041\U000e0042 tags", "zero_width_chars"),
+        ("z\u0301\u0302\u0303\u0304\u0305algo", "combining_flood"),
         ("wait!!!!!!!!!!!!!!! now", "punctuation_run"),
         ("a run of dashes ---------------- pasted into the middle of a long sentence of prose that goes on", "punctuation_run"),
         ("mid-word sep------------arator", "punctuation_run"),

@@ -43,12 +43,15 @@ _SCRIPT_RANGES: tuple[tuple[int, int, str], ...] = (
 )
 _SCRIPT_STARTS = [r[0] for r in _SCRIPT_RANGES]
 
-# Scripts whose conjunct or shaping rules use ZWJ / ZWNJ (Persian, Indic, Sinhala, ...).
-_JOINER_NATIVE = frozenset({
+# Scripts whose ordinary spelling uses combining marks even after NFC (vowel signs, viramas,
+# harakat, niqqud, tone marks). Marks on their letters are not counted toward a flood.
+_MARK_NATIVE = frozenset({
     "Hebrew", "Arabic", "Syriac", "Thaana", "NKo", "Devanagari", "Bengali", "Gurmukhi",
     "Gujarati", "Oriya", "Tamil", "Telugu", "Kannada", "Malayalam", "Sinhala", "Thai", "Lao",
-    "Tibetan", "Myanmar", "Khmer", "Mongolian", "Ethiopic",
+    "Tibetan", "Myanmar", "Khmer", "Mongolian",
 })
+# Scripts whose conjunct or shaping rules use ZWJ / ZWNJ (Persian, Indic, Sinhala, ...).
+_JOINER_NATIVE = _MARK_NATIVE | frozenset({"Ethiopic"})
 # Pairs whose mixing is ordinary: CJK writing embeds Latin words; math mixes Greek and Latin.
 _FREE_SWITCHES = frozenset({frozenset({"Latin", "CJK"}), frozenset({"Latin", "Greek"})})
 
@@ -87,6 +90,14 @@ _BIDI_OVERRIDES = frozenset(list(range(0x202A, 0x202F)) + list(range(0x2066, 0x2
 _BIDI_MARKS = frozenset([0x200E, 0x200F, 0x061C])
 _ZWNJ, _ZWJ, _BOM, _MVS = 0x200C, 0x200D, 0xFEFF, 0x180E
 _SKIN_TONES = range(0x1F3FB, 0x1F400)
+# Diacritics that real Latin, Greek and Cyrillic orthographies leave uncomposed after NFC
+# (Yoruba tone marks on dotted vowels, Lithuanian accents, pinyin, transliteration), and
+# the bar and hat of statistics notation.
+_ORTHOGRAPHIC_MARKS = frozenset(
+    [0x0300, 0x0301, 0x0302, 0x0303, 0x0304, 0x0305, 0x0306, 0x0307, 0x0308, 0x0309, 0x030A,
+     0x030B, 0x030C, 0x030D, 0x030F, 0x0311, 0x0313, 0x0314, 0x031B, 0x0323, 0x0324, 0x0325,
+     0x0326, 0x0327, 0x0328, 0x0329, 0x032D, 0x032E, 0x0330, 0x0331, 0x0342, 0x0345, 0x20D7]
+)
 
 
 def _is_variation_selector(cp: int) -> bool:

@@ -20,6 +20,7 @@ REASONS: tuple[str, ...] = (
     "bidi_override",
     "zero_width_chars",
     "unassigned_or_private",
+    "combining_flood",
     "punctuation_run",
     "char_run",
     "whitespace_run",

@@ -19,7 +19,9 @@ from .chars import (
     _BOM,
     _FREE_SWITCHES,
     _JOINER_NATIVE,
+    _MARK_NATIVE,
     _MVS,
+    _ORTHOGRAPHIC_MARKS,
     _SEPARATOR_CHARS,
     _SKIN_TONES,
     _ZWJ,
@@ -49,6 +51,12 @@ class _Scan:
     bidi_marks: int = 0
     invisible: int = 0
     unassigned: int = 0
+    max_mark_stack: int = 0
+    foreign_marks: int = 0
+    foreign_mark_kinds: int = 0
+    unusual_marks: int = 0
+    max_foreign_stack: int = 0
+    foreign_letters: int = 0
     emoji: int = 0
     punct: int = 0
     punct_all: int = 0  # punctuation and symbols, separators included, emoji excluded
@@ -64,11 +72,15 @@ def _scan(text: str) -> _Scan:
     n = len(text)
     cats = [unicodedata.category(ch) for ch in text]
     cps = [ord(ch) for ch in text]
+    stack = 0
+    base_script: str | None = None  # script of the letter the current marks sit on
+    base_cp = -1
     vs_run = 0
     prev_letter_script: str | None = None
     word_groups: set[str] = set()
     word_letters = 0
     word_is_cjk: bool | None = None
+    foreign_kinds: set[int] = set()
 
     def end_word() -> None:
         nonlocal word_groups, word_letters, word_is_cjk
@@ -111,13 +123,19 @@ def _scan(text: str) -> _Scan:
         ch = text[i]
         if cp < 0x80 and (ch == " " or ch.isalnum()):
             # Fast path for the bulk of Latin-script text; same bookkeeping as below.
+            stack = 0
             vs_run = 0
+            base_cp = cp
             if ch == " ":
+                base_script = None
                 end_word()
             elif ch.isalpha():
+                base_script = "Latin"
+                s.foreign_letters += 1
                 s.visible += 1
                 add_letter("Latin")
             else:
+                base_script = None
                 s.visible += 1
                 end_word()
             continue
@@ -175,6 +193,25 @@ def _scan(text: str) -> _Scan:
         else:
             vs_run = 0
 
+        # Combining marks: stack height and marks on letters of mark-free scripts.
+        if cat in ("Mn", "Me", "Mc") and not _is_variation_selector(cp) and cp != 0x034F:
+            stack += 1
+            s.max_mark_stack = max(s.max_mark_stack, stack)
+            keycap = cp == 0x20E3 and base_cp >= 0 and (
+                chr(base_cp).isdigit() or chr(base_cp) in "#*"
+            )
+            if not keycap and (base_script is None or base_script not in _MARK_NATIVE):
+                s.foreign_marks += 1
+                foreign_kinds.add(cp)
+                if cp not in _ORTHOGRAPHIC_MARKS:
+                    s.unusual_marks += 1
+                s.max_foreign_stack = max(s.max_foreign_stack, stack)
+        elif not _is_variation_selector(cp):
+            stack = 0
+            base_cp = cp
+            base_script = _script_of(cp) if cat[0] == "L" else None
+            if base_script is not None and base_script not in _MARK_NATIVE:
+                s.foreign_letters += 1
 
         # Visible-character classes for floods.
         if not ch.isspace() and cp not in (_ZWJ, 0xFE0E, 0xFE0F) and cp not in _SKIN_TONES:
@@ -193,6 +230,7 @@ def _scan(text: str) -> _Scan:
         elif cat[0] != "M":
             end_word()
     end_word()
+    s.foreign_mark_kinds = len(foreign_kinds)
     return s
 
 

@@ -140,8 +140,14 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         yield "zero_width_chars"
     if s.unassigned > t.unassigned_max:
         yield "unassigned_or_private"
-    # No combining-mark rule: stacked "Zalgo" marks make the model's own out-of-distribution
-    # score fire (reference_engine/ood.py; measured 24/24 on marks added to user prompts).
+    # Stacked "Zalgo" marks. The model-level score catches them too, but only where its file
+    # exists for these weights, and a Zalgo prompt is thousands of tokens of prefill to score.
+    if s.max_mark_stack >= t.combining_stack_run or s.max_foreign_stack >= t.foreign_stack_run or (
+        s.foreign_marks >= t.combining_min
+        and s.foreign_marks > t.combining_rate * max(1, s.foreign_letters)
+        and (s.foreign_mark_kinds > t.combining_kinds_max or s.unusual_marks >= t.combining_min)
+    ):
+        yield "combining_flood"
     run = _run_reason(scanned, t)
     if run is not None:
         yield run

@@ -93,6 +93,25 @@ class TextThresholds:
     # Private-use and unassigned code points: one icon-font glyph is plausible, three is
     # not. Emoji newer than Python's Unicode tables are not counted (see _is_emoji).
     unassigned_max: int = 2
+    # Combining marks stacked on one base. Real orthographies stack at most about four
+    # (Biblical Hebrew with cantillation, Tibetan subjoined letters); "Zalgo" text stacks
+    # five to dozens.
+    combining_stack_run: int = 5
+    # The same on letters of scripts that carry few marks after NFC (Latin, Greek, Cyrillic,
+    # CJK, ...): Yoruba or Lithuanian leave one uncomposable mark on a letter, two is rare.
+    foreign_stack_run: int = 3
+    # Marks on such letters (or on no letter at all) above this fraction of those letters,
+    # with at least ``combining_min`` of them, drawn from more than ``combining_kinds_max``
+    # different marks. NFC first, so decomposed French or Vietnamese counts nothing; Yoruba
+    # keeps a mark on a third of its letters but uses three or four kinds (grave, acute,
+    # macron), and statistics notation (x-bar, p-hat) stays far under 10%. Zalgo text draws
+    # from the ~110 marks of U+0300-036F.
+    # The kinds condition is waived when the marks are not the common orthographic ones
+    # (acute, grave, circumflex, tilde, macron, breve, dots, ring, caron, cedilla, ogonek,
+    # dot below, ...): ``combining_min`` unusual marks above the rate fire on their own.
+    combining_rate: float = 0.10
+    combining_min: int = 3
+    combining_kinds_max: int = 4
     # A run of one punctuation or symbol character. Code reaches `)))))` (5-8), prose "!!!"
     # or "...", so 12 is already abnormal.
     punctuation_run: int = 12
@@ -159,13 +178,14 @@ class TextThresholds:
     def __post_init__(self) -> None:
         for name in (
             "control_max", "replacement_max", "noncharacter_max", "bidi_override_max",
-            "zero_width_max", "bidi_mark_min", "unassigned_max",
+            "zero_width_max", "bidi_mark_min", "unassigned_max", "combining_min",
             "emoji_min", "emoji_dominant_min", "mixed_word_min", "script_min_letters",
             "punctuation_flood_min", "punctuation_flood_other_min", "separator_line_other_max",
             "mixed_punctuation_other_min",
         ):
             _check_count(name, getattr(self, name))
         for name in (
+            "combining_stack_run", "foreign_stack_run", "combining_kinds_max",
             "punctuation_run", "separator_run_max",
             "separator_line_run_max", "char_run", "mixed_punctuation_run",
             "whitespace_run", "script_groups_per_word_max",
@@ -175,7 +195,7 @@ class TextThresholds:
             if value < 1:
                 raise ValueError(f"TextThresholds.{name} must be >= 1, got {value!r}")
         for name in (
-            "bidi_mark_rate", "emoji_rate", "emoji_dominant_rate",
+            "bidi_mark_rate", "combining_rate", "emoji_rate", "emoji_dominant_rate",
             "mixed_word_rate", "mixed_word_dominant_rate", "script_switch_rate", "punctuation_flood_rate",
         ):
             _check_rate(name, getattr(self, name))
