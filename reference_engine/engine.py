@@ -359,6 +359,7 @@ class Engine:
                 "router": cfg.router,
                 "degraded": r.degraded_reason is not None,
                 "degraded_reason": r.degraded_reason,
+                "detector": self.detector_info()["detector"] if prunes else None,  # None: no check ran
                 "mode": cfg.mode,
                 "sensitivity": cfg.sensitivity,
                 "blocks": dims.n_layers,
@@ -431,14 +432,27 @@ class Engine:
         (``scripts/calibrate_ood.py`` fits one), else None (then the coarser mean-loss and norm
         checks stand in; logged at INFO, since any local model starts there)."""
         if getattr(self, "_ood", None) is None:
-            found = self._packaged_or_cached(
-                lambda where: ood.load(ood.detector_path(where, self.weights_sha256), self.weights_sha256))
+            def load(where: Path) -> tuple[ood.OODDetector, Path] | None:
+                path = ood.detector_path(where, self.weights_sha256)
+                det = ood.load(path, self.weights_sha256)
+                return (det, path) if det is not None else None
+
+            found = self._packaged_or_cached(load)
             if found is None:
-                log.info("no out-of-distribution detector for weights %s: protective degradation uses the "
-                            "mean prompt loss and norm checks only (scripts/calibrate_ood.py fits one)",
-                            self.weights_sha256[:12])
-            self._ood = found if found is not None else False
+                ood.warn_fallback_once(log, self.weights_sha256)
+            self._ood = found[0] if found is not None else False
+            self._detector = ood.describe(found[1] if found else None, Path(__file__).parent / "data")
         return self._ood or None
+
+    def detector_info(self) -> dict:
+        """Which protective-degradation detector runs for these weights (``ood.describe``)."""
+        det = self.ood_detector()
+        info = getattr(self, "_detector", None)
+        if info is None or (det is None) != (info["detector"] == ood.FALLBACK):  # a score set from outside
+            info = ood.describe(None, Path()) if det is None else {**ood.describe(None, Path()),
+                                                                    "detector": f"ood_score/v{ood.OOD_VERSION}",
+                                                                    "version": ood.OOD_VERSION}
+        return dict(info)
 
     def _template_ends(self) -> tuple[list[int], list[int]]:
         if getattr(self, "_ends", None) is None:

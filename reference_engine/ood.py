@@ -274,6 +274,33 @@ def save(det: OODDetector, path: Path, weights_sha256: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(buf.getvalue()))
 
 
+#: What ran when no score file fits these weights: the mean prompt loss and hidden-norm checks.
+FALLBACK = "fallback:loss_norm"
+_warned: set[str] = set()  # weights digests already warned about in this process
+
+
+def describe(path: Path | None, packaged_dir: Path) -> dict:
+    """Which detector runs, for stats and run records: ``detector`` ("ood_score/v2" or
+    ``FALLBACK``), and for a score its file, the file's SHA-256 and whether it is the packaged one."""
+    if path is None:
+        return {"detector": FALLBACK, "version": None, "file": None, "sha256": None, "packaged": False}
+    import hashlib
+
+    return {"detector": f"ood_score/v{OOD_VERSION}", "version": OOD_VERSION, "file": path.name,
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "packaged": path.resolve().parent.parent == packaged_dir.resolve()}
+
+
+def warn_fallback_once(logger, weights_sha256: str) -> None:
+    """One WARNING per process and weights: protection is weaker without the score, and a
+    deployment that lost its file should hear it, but not once per request."""
+    if weights_sha256 not in _warned:
+        _warned.add(weights_sha256)
+        logger.warning("no out-of-distribution score for weights %s: protective degradation runs the mean "
+                       "prompt loss and norm checks only (detector %s; scripts/calibrate_ood.py fits a score)",
+                       weights_sha256[:12], FALLBACK)
+
+
 def load(path: Path, weights_sha256: str) -> OODDetector | None:
     """The stored detector, or None when missing, damaged, of another version or other weights."""
     if not path.is_file():

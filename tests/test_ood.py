@@ -122,3 +122,38 @@ def test_byte_piece_ids_are_lone_non_ascii_bytes(tiny_engine) -> None:
     ids = ood.byte_piece_ids(tiny_engine.tokenizer.decode, tiny_engine.dims.vocab)
     assert ids and all(tiny_engine.tokenizer.decode([i]) == "\ufffd" for i in ids)
     assert not any(tiny_engine.tokenizer.decode([i]).isascii() for i in ids)
+
+
+def test_without_a_score_the_fallback_is_named_in_stats_and_warned_once(tiny_engine, caplog) -> None:
+    # The tiny model has no fitted score: the weaker fallback runs, and says so.
+    import logging
+
+    from reference_engine import Engine
+
+    engine = Engine.load(tiny_engine.folder)  # a fresh instance: nothing looked up yet
+    ood._warned.discard(engine.weights_sha256)
+    lossy = PruningConfig(mode="lossy", sensitivity=0.5, hardware_watermark=0.0)
+    with caplog.at_level(logging.WARNING, logger="reference_engine"):
+        (res,) = engine.generate(["Name three rivers."], max_new_tokens=2, config=lossy)
+        engine.generate(["And three lakes."], max_new_tokens=2, config=lossy)
+    assert res.stats["detector"] == ood.FALLBACK
+    assert engine.detector_info() == {"detector": ood.FALLBACK, "version": None, "file": None, "sha256": None,
+                                      "packaged": False}
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and ood.FALLBACK in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    (off,) = engine.generate(["Name three rivers."], max_new_tokens=2, config=lossy.override(mode="off"))
+    assert off.stats["detector"] is None  # pruning off runs no check
+
+
+def test_a_stored_score_is_named_with_its_file_and_digest(tiny_engine, tmp_path) -> None:
+    import hashlib
+
+    rng = np.random.default_rng(4)
+    calib = [_stats(rng, False) for _ in range(30)]
+    det = ood.fit(calib, [_stats(rng, True) for _ in range(10)], calib[:10], L)
+    path = ood.detector_path(tmp_path, "ab" * 32)
+    ood.save(det, path, "ab" * 32)
+    info = ood.describe(path, tmp_path)
+    assert info["detector"] == f"ood_score/v{ood.OOD_VERSION}" and info["file"] == path.name
+    assert info["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() and info["packaged"] is True
+    assert ood.describe(path, tmp_path / "elsewhere")["packaged"] is False

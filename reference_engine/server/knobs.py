@@ -119,5 +119,6 @@ def stats_header(stats: Mapping[str, Any]) -> str:
         f"degraded_reason={str(reason).replace(',', ';').replace('=', ':') if reason else 'none'}",
         f"mode={stats['mode']}",
         f"blocks={int(stats['blocks'])}",
+        f"detector={stats.get('detector') or 'none'}",
     ]
     return ",".join(parts)

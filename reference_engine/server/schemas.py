@@ -148,6 +148,7 @@ class PruningStats(BaseModel):
     sensitivity: float
     blocks: int
     batch_size: int = 1  # requests decoded together with this one (1: alone); see runner.py
+    detector: str | None = None  # the degradation detector that judged the prompt (None: no check ran)
 
 
 class Usage(BaseModel):

@@ -67,7 +67,7 @@ def parse_stats_header(value: str | None) -> dict[str, Any] | None:
                 out[key] = float(raw)
             elif key == "degraded":
                 out[key] = raw.strip().lower() == "true"
-            elif key == "degraded_reason":
+            elif key in ("degraded_reason", "detector"):
                 out[key] = None if raw in ("none", "") else raw
             else:
                 out[key] = raw
