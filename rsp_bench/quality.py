@@ -153,6 +153,8 @@ class ReferenceOutputs:
         self.adapter = adapter
         self.spec = spec
         self.disk = disk
+        #: set name -> "computed" or "disk: <file>": how each set this session used was obtained
+        self.sources: dict[str, str] = {}
         self._cache: dict[tuple[str, int], tuple[tuple[str, ...], list[Output]]] = {}
 
     def is_reference(self, spec: ConfigSpec) -> bool:
@@ -183,19 +185,36 @@ class ReferenceOutputs:
         from filelock import FileLock
 
         assert self.disk is not None
-        key = hashlib.sha256(json.dumps([name, prompts, max_new_tokens, with_logits, code_version()]).encode())
+        key = hashlib.sha256(json.dumps([name, prompts, max_new_tokens, with_logits, code_version(),
+                                         self._numerics()]).encode())
         path = self.disk / f"{name}-{key.hexdigest()[:20]}.pt"
         self.disk.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock"):
             if path.exists():
-                rows = torch.load(path, weights_only=False)
-                return [Output(r["text"], r["token_ids"], r["prompt_ids"], r["stats"], r["logits"]) for r in rows]
+                try:
+                    rows = torch.load(path, weights_only=False)
+                    outputs = [Output(r["text"], r["token_ids"], r["prompt_ids"], r["stats"], r["logits"]) for r in rows]
+                except Exception:  # a damaged copy is recomputed, never trusted
+                    outputs = None
+                if outputs is not None and len(outputs) == len(prompts):
+                    self.sources[name] = f"disk: {path.name}"
+                    return outputs
             outputs = self._compute(name, prompts, max_new_tokens, with_logits)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             torch.save([{"text": o.text, "token_ids": o.token_ids, "prompt_ids": o.prompt_ids, "stats": o.stats,
                          "logits": o.logits} for o in outputs], tmp)
             os.replace(tmp, path)
             return outputs
+
+    def _numerics(self) -> list[Any]:
+        """What besides the code can move the last bit of an output: library versions, the
+        decode kernel and the thread count."""
+        import torch
+        import transformers
+
+        engine = getattr(self.adapter, "engine", None)
+        return [torch.__version__, transformers.__version__, getattr(engine, "decode_kernel", None),
+                torch.get_num_threads(), getattr(engine, "weights_sha256", None)]
 
     def get(self, name: str, prompts: Sequence[str], max_new_tokens: int, *,
             with_logits: bool = False) -> list[Output]:
@@ -210,6 +229,7 @@ class ReferenceOutputs:
             outputs = self._from_disk(name, prompts_t, int(max_new_tokens), with_logits)
         else:
             outputs = self._compute(name, prompts_t, int(max_new_tokens), with_logits)
+        self.sources.setdefault(name, "computed")
         self._cache[key] = (prompts_t, outputs)
         return outputs
 

@@ -319,9 +319,16 @@ def _generate(engine: Any, prompts: list[str], max_new: int, **overrides: Any) -
         pytest.fail(f"engine.generate raised {type(exc).__name__}: {exc} (prompts {[p[:60] for p in prompts]!r})")
 
 
+def _n_tokens(engine: Any, text: str) -> int:
+    return len(engine.encode(text)) if _encodable(text) else len(text)
+
+
 def _run_sorted(engine: Any, prompts: Sequence[str], max_new: int = 1) -> list[Any]:
-    """Results in input order, run in batches of similar length (less padding to compute)."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    """Results in input order, run in batches of similar token length. Sorted by tokens, not
+    characters: a hex dump has three times the tokens of prose of its length, and sorting by
+    characters padded the whole-detector test's batches to 1.6x its tokens (measured 76.8k
+    padded tokens against 47.1k sorted by tokens)."""
+    order = sorted(range(len(prompts)), key=lambda i: _n_tokens(engine, prompts[i]))
     out: list[Any] = [None] * len(prompts)
     for start in range(0, len(order), RATE_BATCH):
         idx = order[start:start + RATE_BATCH]
@@ -442,9 +449,11 @@ def _normal_part(name: str) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-# The quick run keeps every held-out normal item up to this many characters and a fixed-seed
-# third of the longer ones (their prefills are most of this test's time); the full run keeps all.
-QUICK_LONG_CHARS, QUICK_LONG_SHARE, QUICK_LONG_SEED = 1000, 3, 28
+# The quick run keeps every held-out normal item up to this many characters (109 of 206, 11.4k
+# tokens) and a fixed-seed quarter of the longer ones (24 of 97, about 10k of their 39.5k
+# tokens): 133 items, where 5% is 6 false alarms, so the budget can still fail. Prefill tokens
+# are this test's time; the full run keeps all 206.
+QUICK_LONG_CHARS, QUICK_LONG_SHARE, QUICK_LONG_SEED = 500, 4, 28
 
 
 def _heldout_items(quick: bool) -> list[str]:
@@ -506,6 +515,20 @@ def test_whole_detector_on_inputs_the_score_never_saw(rsp_engine: Any, rsp_optio
     assert det_out >= det_tune - MAX_HELD_OUT_GAP, (
         f"held-out classes detected {out[0]}/{out[1]} ({det_out:.1%}, CI {ci_out[0]:.3f}-{ci_out[1]:.3f}), more "
         f"than {MAX_HELD_OUT_GAP:.0%} under the tuning classes' {det_tune:.1%}: {dict(per_class)}")
+
+
+def test_the_packaged_detector_is_the_one_that_ran(rsp_engine: Any, rsp_options: Any, rsp_record: Any) -> None:
+    """Every figure above is the detector's that ran: the stats name it, the record carries it
+    (``extra.degradation_detector``), and on the embedded weights it must be the packaged score
+    (a missing or damaged file falls back to the loss and norm checks, which these budgets were
+    never set for)."""
+    info = rsp_engine.detector_info()
+    (res,) = rsp_engine.generate(["Name three rivers in Europe."], max_new_tokens=1, config=LOSSY)
+    assert res.stats["detector"] == info["detector"], (res.stats["detector"], info)
+    _report(rsp_record, "detector", info)
+    if rsp_options.model is None:
+        assert info["detector"].startswith("ood_score/") and info["packaged"], (
+            f"the embedded weights ship a model-level score in reference_engine/data/calibration, but {info} ran")
 
 
 # --------------------------------------------------------------------------- engine batches

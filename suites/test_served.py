@@ -50,21 +50,33 @@ pytestmark = [pytest.mark.equivalence, pytest.mark.reference_only]
 QUICK_PROMPTS, QUICK_NEW_TOKENS = 4, 16
 FULL_PROMPTS, FULL_NEW_TOKENS = 16, 32
 NAME = "served-reference"
+LOAD_MAX_QUEUE = 4
 
 
 @pytest.fixture(scope="module")
-def served_adapter(rsp_options, rsp_engine):
+def served_url(rsp_options):
+    """One ``rsp-bench serve`` for the match, lm-eval and bounded-load tests (each start is
+    8-11 s of the quick suite): the knobs come per request, in headers, so nothing one test
+    does changes what the next one is served. ``--max-queue 4`` is the load test's; the other
+    tests send one request at a time."""
     pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
-    pytest.importorskip("openai", reason="the 'serve' extra is not installed")
     if rsp_options.engine == "openai":
         pytest.skip("--rsp-engine openai: the other suites measure the server already")
-    from rsp_bench.engines.openai_engine import OpenAIAdapter, ServedProcess
+    from rsp_bench.engines.openai_engine import ServedProcess
 
-    args = ["--hardware-watermark", "0", "--log-level", "NONE"]
+    args = ["--hardware-watermark", "0", "--log-level", "NONE", "--max-queue", str(LOAD_MAX_QUEUE)]
     if rsp_options.model:
         args += ["--model", str(rsp_options.model)]
     with ServedProcess(args) as url:
-        yield OpenAIAdapter(rsp_engine, url + "/v1")
+        yield url
+
+
+@pytest.fixture(scope="module")
+def served_adapter(served_url, rsp_engine):
+    pytest.importorskip("openai", reason="the 'serve' extra is not installed")
+    from rsp_bench.engines.openai_engine import OpenAIAdapter
+
+    return OpenAIAdapter(rsp_engine, served_url + "/v1")
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +264,7 @@ def test_llama_cpp_server_through_openai_adapter(llama_cpp_adapter, served_sizes
 
 
 @pytest.mark.parametrize("load_mode", ["off", "lossy"])
-def test_served_bounded_load(load_mode, rsp_options, rsp_record) -> None:
+def test_served_bounded_load(load_mode, served_url, rsp_options, rsp_record) -> None:
     """``rsp_bench.loadtest`` against ``rsp-bench serve --max-queue 4`` (batching on, the
     server's default ``--max-batch``): 4 clients, 12 requests, 8 tokens: nothing lost or
     duplicated, the 429 burst rejected with Retry-After and recovered; latency, tokens/s, bypass
@@ -260,25 +272,17 @@ def test_served_bounded_load(load_mode, rsp_options, rsp_record) -> None:
     or not. Mode lossy: batched requests are pruned together (a block is bypassed for the batch
     only when every row agrees), so the share equal to the single-request answers and the bypass
     ratio under load beside the single-request one are recorded, not asserted."""
-    pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
     pytest.importorskip("httpx", reason="the 'serve' extra is not installed")
-    if rsp_options.engine == "openai":
-        pytest.skip("--rsp-engine openai: the other suites measure the server already")
-    from rsp_bench.engines.openai_engine import ServedProcess
     from rsp_bench.loadtest import LoadConfig, run_loadtest
 
     prompts = [p.text for p in ds.quick_subset(ds.load_prompts(), 4, seed=rsp_options.subset_seed)]
     headers = {"X-Pruning-Mode": load_mode, "X-Pruning-Sensitivity": "0.5", "X-Pruning-Hardware-Watermark": "0",
                "X-Pruning-Log-Level": "NONE"}
-    args = ["--max-queue", "4", "--log-level", "NONE", "--hardware-watermark", "0"]
-    if rsp_options.model:
-        args += ["--model", str(rsp_options.model)]
-    with ServedProcess(args) as url:
-        rec = run_loadtest(url + "/v1", LoadConfig(prompts, requests=12, clients=4, max_tokens=8, headers=headers))
+    rec = run_loadtest(served_url + "/v1", LoadConfig(prompts, requests=12, clients=4, max_tokens=8, headers=headers))
     load, burst = rec["load"], rec["burst"]
     sensitivity = 0.5 if load_mode == "lossy" else None
     cid = format_config_id("served-reference-load", load_mode, sensitivity)
-    params = {"clients": 4, "requests": 12, "max_tokens": 8, "max_queue": 4}
+    params = {"clients": 4, "requests": 12, "max_tokens": 8, "max_queue": LOAD_MAX_QUEUE}
     for name, value, unit in (("load_latency_p50_s", load["latency_p50_s"], "s"),
                               ("load_latency_p99_s", load["latency_p99_s"], "s"),
                               ("load_tokens_per_s", load["tokens_per_s"], "tokens/s"),

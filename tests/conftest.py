@@ -12,6 +12,29 @@ from pathlib import Path
 
 import pytest
 
+# Tests that start processes which each import torch and load a model (nested pytest sessions,
+# xdist workers, the embedded-model server, a fresh CLI): 92 s of the 134 s `pytest tests` took
+# in CI (`pytest tests --durations=30`). They run with --run-slow; CI runs them as a second step.
+SLOW_REASON = "starts processes that import torch: run with `pytest tests --run-slow -m slow` (CI does)"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (" + SLOW_REASON.split(":")[0] + ")")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: " + SLOW_REASON.split(":")[0] + "; skipped without --run-slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason=SLOW_REASON)
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread():

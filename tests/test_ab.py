@@ -324,6 +324,7 @@ def test_outside_a_checkout_is_a_usage_error(tmp_path):
 
 # --------------------------------------------------------------------------- a real worker
 
+@pytest.mark.slow
 def test_worker_imports_its_own_tree_and_times_a_call(tiny_model_dir, tmp_path):
     settings = ABSettings(base="x", model=str(tiny_model_dir))
     side = WorkerSide("head", REPO, settings, tmp_path)

@@ -245,6 +245,7 @@ def test_progress_bar_shown_by_default_gone_with_quiet(tiny_model_dir, tiny_engi
     assert code == 0 and "Loading weights" in err, err  # --quiet left nothing switched off behind it
 
 
+@pytest.mark.slow
 def test_json_is_quiet_in_a_fresh_process(tiny_model_dir, tiny_engine) -> None:
     """As a user runs it: a fresh process, where the progress settings are read at import."""
     env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
@@ -253,4 +254,7 @@ def test_json_is_quiet_in_a_fresh_process(tiny_model_dir, tiny_engine) -> None:
                           capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["stats"]["total_tokens"] == 2
-    assert proc.stderr.strip() == "", proc.stderr  # no bar, no calibration messages, no summary line
+    # No bar, no calibration messages, no summary line: only the one warning that the tiny model
+    # has no out-of-distribution score (protection is weaker, and a user should hear it once).
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) <= 1 and all("detector fallback:loss_norm" in line for line in lines), proc.stderr

@@ -18,6 +18,7 @@ from rsp_bench.records import load_record
 
 pytest.importorskip("xdist", reason="pytest-xdist is not installed (pip install pytest-xdist)")
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow
 
 SUITE = """
     import os

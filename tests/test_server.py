@@ -345,6 +345,7 @@ def served():
     assert server.stop() == 0, "rsp-bench serve did not exit 0 on SIGTERM"
 
 
+@pytest.mark.slow
 def test_real_server_with_official_client(served, monkeypatch):
     import openai
 
@@ -393,6 +394,7 @@ def test_real_server_with_official_client(served, monkeypatch):
     assert len(counts) == 16 and all(c >= 1 for c in counts)
 
 
+@pytest.mark.slow
 def test_real_server_streams_tokens_as_decoded(served):
     """Chunks leave as tokens are decoded: the first arrives well before the last (a server that
     sent them after the whole completion shows them all within a few milliseconds)."""

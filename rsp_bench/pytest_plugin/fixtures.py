@@ -57,6 +57,9 @@ def rsp_engine(pytestconfig: pytest.Config, rsp_options: RspOptions, rsp_record:
     rsp_record.set_extra("model_load_s", round(time.monotonic() - t0, 3))
     # Which decode kernel produced the figures (RSP_DECODE_KERNEL; native sums in another order).
     rsp_record.set_extra("decode_kernel", engine.decode_kernel)
+    # Which protective-degradation detector every lossy row of this run went through (a score
+    # file, or the weaker fallback when none fits the weights).
+    rsp_record.set_extra("degradation_detector", engine.detector_info())
     return engine
 
 
@@ -112,16 +115,22 @@ def rsp_config(request: pytest.FixtureRequest, rsp_configs: list["ConfigSpec"]) 
 
 
 @pytest.fixture(scope="session")
-def rsp_reference_outputs(pytestconfig: pytest.Config, rsp_adapter_for, rsp_engine):
+def rsp_reference_outputs(pytestconfig: pytest.Config, rsp_adapter_for, rsp_engine, rsp_record):
     from rsp_bench import distributed
     from rsp_bench.engines import ConfigSpec, pruning_config
     from rsp_bench.quality import ReferenceOutputs, reference_cache_dir
 
     spec = ConfigSpec("reference/off", "reference", "off", None, {}, pruning_config("off"))
-    # Workers share one on-disk copy of each reference set (computed once, under a file lock);
-    # a single process keeps them in memory only.
-    disk = reference_cache_dir(rsp_engine.weights_sha256) if distributed.worker_id(pytestconfig) else None
-    return ReferenceOutputs(rsp_adapter_for("reference"), spec, disk=disk)
+    # One on-disk copy of each reference set, computed once under a file lock: xdist workers share
+    # it, and so do the sessions of one CI job (the reference suites, the llama.cpp ladder's, the
+    # docs example's inner runs), which otherwise each recompute the same unpruned outputs. The
+    # record says which sets were read from disk. Workers always share, the option aside.
+    options = _state(pytestconfig).options
+    use_disk = options.reference_cache or distributed.worker_id(pytestconfig) is not None
+    disk = reference_cache_dir(rsp_engine.weights_sha256) if use_disk else None
+    refs = ReferenceOutputs(rsp_adapter_for("reference"), spec, disk=disk)
+    rsp_record.set_extra("reference_outputs", refs.sources)  # filled as the sets are asked for
+    return refs
 
 
 def _stderr_progress(message: str) -> None:

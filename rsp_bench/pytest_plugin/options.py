@@ -61,6 +61,7 @@ class RspOptions:
     engine_url: str | None = None
     engine_model: str | None = None
     reason: str | None = None
+    reference_cache: bool = True
 
 
 # --------------------------------------------------------------------------- options
@@ -100,6 +101,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write the record but do not compare it with the baseline")
     group.addoption("--rsp-max-new-tokens", metavar="N", default=None,
                     help="override every suite's max_new_tokens")
+    group.addoption("--rsp-no-reference-cache", action="store_true", default=False,
+                    help="compute the unpruned reference outputs afresh instead of reading the on-disk copy "
+                         "(keyed by weights, prompts, tokens, code digest, torch/transformers versions, "
+                         "decode kernel and threads)")
     group.addoption("--rsp-subset-seed", metavar="N", default="0",
                     help="seed of the fixture subsets the suites draw (default 0, the baseline's); "
                          "another seed checks that figures reproduce on prompts nobody tuned to, "
@@ -215,4 +220,5 @@ def _parse_options(config: pytest.Config) -> RspOptions:
                       gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new,
                       subset_seed=subset_seed, baselines_dir=folders["--rsp-baselines"],
                       ci=ci, engine_url=config.getoption("--rsp-engine-url"),
-                      engine_model=config.getoption("--rsp-engine-model"), reason=reason)
+                      engine_model=config.getoption("--rsp-engine-model"), reason=reason,
+                      reference_cache=not config.getoption("--rsp-no-reference-cache"))
