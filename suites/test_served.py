@@ -385,7 +385,8 @@ def test_served_fuzz_from_own_openapi(hardened, rsp_options, rsp_record, tmp_pat
            "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance",
            "--max-time", str(max_time), "-n", str(per_op), "--workers", "1", "--request-timeout", "60",
            "--seed", "27", "--report", "junit", "--report-dir", str(tmp_path), "--no-color"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max_time + 240)
+    # cwd: schemathesis keeps a .schemathesis/ cache where it runs; not in the checkout
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max_time + 240, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     m = re.search(r"(\d+) generated", out)
     cases = int(m.group(1)) if m else 0

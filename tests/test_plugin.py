@@ -287,3 +287,30 @@ def test_errored_setup_marks_the_record_partial(pytester: pytest.Pytester, tiny_
     assert "1 test(s) errored: test_broken" in load_record(path)["extra"]["partial"]
     result.stdout.fnmatch_lines(["*PARTIAL*", "*baseline not updated: the run is partial*"])
     assert not (pytester.path / "out" / "baselines").exists()
+
+
+def test_ab_base_that_is_no_commit_is_a_usage_error_naming_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest("--rsp-ab-base", "no-such-ref-xyz")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "'no-such-ref-xyz' is not a commit" in result.stderr.str()
+
+
+def test_ab_base_runs_rsp_bench_ab_and_its_exit_code_decides(monkeypatch, tmp_path) -> None:
+    # The wiring only (the real A/B runs in suites/test_ab.py): the command, and exit 1 failing the session.
+    from types import SimpleNamespace
+
+    from rsp_bench.pytest_plugin import session
+
+    record = tmp_path / "runs" / "20261202T000000Z-abcdef.json"
+    cmd = session.ab_command("HEAD~1", SimpleNamespace(model=None), record)
+    assert cmd[1:6] == ["-m", "rsp_bench.cli", "ab", "--base", "HEAD~1"] and cmd[cmd.index("--repo") + 1] == "."
+    assert cmd[cmd.index("--out") + 1].endswith("abcdef.ab.json") and cmd[cmd.index("--markdown") + 1].endswith(".ab.md")
+    for rc, fails in ((0, False), (1, True), (2, True)):
+        monkeypatch.setattr("subprocess.run", lambda *a, rc=rc, **k: SimpleNamespace(returncode=rc, stdout="table",
+                                                                                   stderr="bad"))
+        lines: list[str] = []
+        failed: list[str] = []
+        session._ab_against("HEAD~1", SimpleNamespace(model=None), lines, failed.append, record)
+        assert lines[0].startswith("A/B against HEAD~1") and lines[0].endswith("table")
+        assert bool(failed) is fails, (rc, failed)

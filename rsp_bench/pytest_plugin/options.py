@@ -62,6 +62,7 @@ class RspOptions:
     engine_model: str | None = None
     reason: str | None = None
     reference_cache: bool = True
+    ab_base: str | None = None  # git ref the session's end A/B-tests this working tree against
 
 
 # --------------------------------------------------------------------------- options
@@ -105,6 +106,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="compute the unpruned reference outputs afresh instead of reading the on-disk copy "
                          "(keyed by weights, prompts, tokens, code digest, torch/transformers versions, "
                          "decode kernel and threads)")
+    group.addoption("--rsp-ab-base", metavar="REF", default=None,
+                    help="after the suites, run `rsp-bench ab --base REF` (REF and this working tree "
+                         "interleaved on this machine) and fail the session on a decided slowdown or a "
+                         "quality regression: speed judged on a machine with no stored baseline")
     group.addoption("--rsp-subset-seed", metavar="N", default="0",
                     help="seed of the fixture subsets the suites draw (default 0, the baseline's); "
                          "another seed checks that figures reproduce on prompts nobody tuned to, "
@@ -215,10 +220,21 @@ def _parse_options(config: pytest.Config) -> RspOptions:
     model = config.getoption("--rsp-model")
     if model is not None and not Path(model).expanduser().exists():
         raise pytest.UsageError(f"--rsp-model: {model!r} does not exist (a model folder or .gguf file)")
+    ab_base = config.getoption("--rsp-ab-base")
+    if ab_base is not None:
+        import subprocess
+
+        found = subprocess.run(["git", "-C", str(config.rootpath), "rev-parse", "--verify", "--quiet",
+                                f"{ab_base}^{{commit}}"], capture_output=True, text=True)
+        if found.returncode != 0:
+            raise pytest.UsageError(f"--rsp-ab-base: {ab_base!r} is not a commit of the checkout at {config.rootpath}")
+        if engine != "reference":
+            raise pytest.UsageError(f"--rsp-ab-base runs the reference engine's A/B; for --rsp-engine {engine!r} "
+                                    f"use `rsp-bench ab --engine {engine}` or `--base-url/--head-url`")
     return RspOptions(model=model, sensitivities=sensitivities, modes=modes, engine=engine, quick=quick,
                       results_dir=results, update_baseline=bool(config.getoption("--rsp-update-baseline")),
                       gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new,
                       subset_seed=subset_seed, baselines_dir=folders["--rsp-baselines"],
                       ci=ci, engine_url=config.getoption("--rsp-engine-url"),
                       engine_model=config.getoption("--rsp-engine-model"), reason=reason,
-                      reference_cache=not config.getoption("--rsp-no-reference-cache"))
+                      reference_cache=not config.getoption("--rsp-no-reference-cache"), ab_base=ab_base)

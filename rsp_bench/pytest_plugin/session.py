@@ -1,6 +1,7 @@
 """The session end of the rsp-bench pytest plugin: errored tests noted as they happen
 (``pytest_runtest_makereport``), the workers' records merged in an xdist controller, the run
-record written, promoted to the baseline or gated against it (``pytest_sessionfinish``), and
+record written, promoted to the baseline or gated against it, with ``--rsp-ab-base`` an A/B of the
+working tree against a git ref (``pytest_sessionfinish``), and
 the terminal summary with the headline table (``pytest_terminal_summary``).
 
 Must NOT import rsp_bench.plugin or rsp_bench.pytest_plugin.fixtures; only .state. Must NOT import torch, transformers, reference_engine or rsp_bench.quality at module
@@ -10,8 +11,9 @@ function that needs it.
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
@@ -172,6 +174,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         lines.append(f"ERROR: baseline: {exc}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
+    if options.ab_base:
+        _ab_against(options.ab_base, options, lines, fail, path, session.config.rootpath)
     baseline = found.merged()
     if baseline is None:
         message = (f"no baseline for model {record['model']['name']!r}, engine {options.engine!r} "
@@ -192,6 +196,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     elif options.ci and report.ci_problems():
         fail("in CI mode (--rsp-ci), although no figure regressed: " + "; ".join(report.ci_problems()))
+
+
+def ab_command(ref: str, options: Any, record_path: Any, repo: Any = ".") -> list[str]:
+    """The ``rsp-bench ab`` run behind ``--rsp-ab-base``: its defaults, the session's model, its
+    record beside the session's (same stem, ``.ab.json``) and a pull-request comment (``.ab.md``)."""
+    cmd = [sys.executable, "-m", "rsp_bench.cli", "ab", "--base", ref, "--repo", str(repo), "--quiet",
+           "--out", str(record_path.with_suffix(".ab.json")), "--markdown", str(record_path.with_suffix(".ab.md"))]
+    return cmd + (["--model", str(options.model)] if options.model else [])
+
+
+def _ab_against(ref: str, options: Any, lines: list[str], fail: Callable[[str], None], record_path: Any,
+                repo: Any = ".") -> None:
+    import subprocess
+
+    proc = subprocess.run(ab_command(ref, options, record_path, repo), capture_output=True, text=True)
+    lines.append(f"A/B against {ref} (`rsp-bench ab --base {ref}`):\n" + proc.stdout.rstrip())
+    if proc.returncode == 1:
+        fail(f"A/B against {ref}: the working tree is decided slower or its quality regressed (table above)")
+    elif proc.returncode != 0:
+        fail(f"A/B against {ref} did not run (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
 
 
 # The figures that fit on one line per configuration; the record holds everything.
