@@ -98,6 +98,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[_STATE] = _SessionState(_parse_options(config))
+    config.pluginmanager.register(_ModuleLast(), "rsp-bench-module-last")
     from rsp_bench import distributed
 
     if distributed.is_controller(config):
@@ -112,6 +113,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
     if distributed.worker_id(config) is not None:
         distributed.assign_groups(items)  # before xdist reads the groups (it runs after us)
+
+
+class _ModuleLast:
+    """Moves tests marked ``rsp_module_last`` after the other tests of their module, keeping
+    every other order (``-p`` plugins that shuffle or reverse included): registered as its own
+    plugin so its hook can run last."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        last = [i for i in items if i.get_closest_marker("rsp_module_last") is not None]
+        if not last:
+            return
+        moved = set(map(id, last))
+        out = [i for i in items if id(i) not in moved]
+        for item in last:  # after the last remaining item of its module, in their own order
+            mod = getattr(item, "module", None)
+            where = max((k for k, i in enumerate(out) if getattr(i, "module", None) is mod), default=len(out) - 1)
+            out.insert(where + 1, item)
+        items[:] = out
 
 
 # --------------------------------------------------------------------------- collection

@@ -333,14 +333,37 @@ def hardened(rsp_options):
             "--hardware-watermark", "0", "--max-queue", "8", "--graceful-timeout", "60"]
     if rsp_options.model:
         args += ["--model", str(rsp_options.model)]
-    server = ServedProcess(args)
-    url = server.__enter__()
-    http = httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {HARD_KEY}"})
+    holder = _Hardened(lambda: ServedProcess(args), httpx)
     try:
-        yield server, url, http
+        yield holder
     finally:
-        http.close()
-        server.stop()
+        holder.close()
+
+
+class _Hardened:
+    """The module's hardened server, unpacked as ``server, url, http``. The SIGTERM test stops
+    it; a test that unpacks it afterwards (another order, ``-k``) gets a fresh one, so the tests
+    do not depend on running SIGTERM last."""
+
+    def __init__(self, start, httpx) -> None:
+        self._start, self._httpx = start, httpx
+        self.server = self.url = self.http = None
+
+    def __iter__(self):
+        if self.server is None or self.server.proc.poll() is not None:
+            self.close()
+            self.server = self._start()
+            self.url = self.server.__enter__()
+            self.http = self._httpx.Client(base_url=self.url, timeout=120,
+                                           headers={"Authorization": f"Bearer {HARD_KEY}"})
+        return iter((self.server, self.url, self.http))
+
+    def close(self) -> None:
+        if self.http is not None:
+            self.http.close()
+        if self.server is not None:
+            self.server.stop()
+        self.server = self.url = self.http = None
 
 
 def _server_metrics(http) -> str:
@@ -503,7 +526,8 @@ def test_served_soak(hardened, rsp_options, rsp_record) -> None:
 
 def test_served_sigterm_with_requests_in_flight(hardened) -> None:
     """SIGTERM while a stream and a plain request run: both finish whole (uvicorn's graceful
-    drain), the process exits 0, and nothing is served after. Stops the module's server."""
+    drain), the process exits 0, and nothing is served after. Stops the module's server (a
+later test starts another)."""
     import signal
 
     import httpx

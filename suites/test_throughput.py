@@ -165,6 +165,7 @@ def _add(rsp_record, config_id: str, name: str, fig: dict, spec) -> None:
                           samples=fig["samples"], engine=spec[0], mode=spec[1], sensitivity=spec[2])
 
 
+@pytest.mark.rsp_module_last  # it records what the benchmark tests measured, in any order asked
 def test_throughput_record(batch, benches, rsp_engine, rsp_record, roofline):
     """Every measured and projected figure of this batch size into the run record, then the
     checks a noisy machine cannot flake."""

@@ -314,3 +314,26 @@ def test_ab_base_runs_rsp_bench_ab_and_its_exit_code_decides(monkeypatch, tmp_pa
         session._ab_against("HEAD~1", SimpleNamespace(model=None), lines, failed.append, record)
         assert lines[0].startswith("A/B against HEAD~1") and lines[0].endswith("table")
         assert bool(failed) is fails, (rc, failed)
+
+
+def test_module_last_tests_follow_their_module_in_any_order(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_a="""
+        import pytest
+
+        @pytest.mark.rsp_module_last
+        def test_record():
+            pass
+
+        def test_bench_1():
+            pass
+
+        def test_bench_2():
+            pass
+    """, test_b="def test_other():\n    pass\n")
+    pytester.makeconftest("""
+        def pytest_collection_modifyitems(items):
+            items.reverse()
+    """)
+    result = pytester.runpytest("--collect-only", "-q")
+    names = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
+    assert names == ["test_other", "test_bench_2", "test_bench_1", "test_record"], names

@@ -28,6 +28,8 @@ MARKERS = {
     "reference_only": "exercises the reference engine itself; skipped under another --rsp-engine",
     "docs": "a documentation page's examples, run as written",
     "ab": "rsp-bench ab end to end (two worktrees, two workers); deselect with -m 'not ab'",
+    "rsp_module_last": "runs after the other selected tests of its module whatever the order asked "
+                       "(it records what they measured)",
 }
 # Markers whose tests, when they run, name a suite in the run record.
 SUITE_MARKERS = ("equivalence", "extraction", "throughput", "adversarial", "lm_eval")
