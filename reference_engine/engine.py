@@ -430,7 +430,7 @@ class Engine:
     def ood_detector(self) -> ood.OODDetector | None:
         """The fitted out-of-distribution score for these weights: packaged copy, else cache
         (``scripts/calibrate_ood.py`` fits one), else None (then the coarser mean-loss and norm
-        checks stand in; logged at INFO, since any local model starts there)."""
+        checks stand in, with one WARNING per process). ``detector_info`` says which ran."""
         if getattr(self, "_ood", None) is None:
             def load(where: Path) -> tuple[ood.OODDetector, Path] | None:
                 path = ood.detector_path(where, self.weights_sha256)
@@ -446,13 +446,8 @@ class Engine:
 
     def detector_info(self) -> dict:
         """Which protective-degradation detector runs for these weights (``ood.describe``)."""
-        det = self.ood_detector()
-        info = getattr(self, "_detector", None)
-        if info is None or (det is None) != (info["detector"] == ood.FALLBACK):  # a score set from outside
-            info = ood.describe(None, Path()) if det is None else {**ood.describe(None, Path()),
-                                                                    "detector": f"ood_score/v{ood.OOD_VERSION}",
-                                                                    "version": ood.OOD_VERSION}
-        return dict(info)
+        self.ood_detector()
+        return dict(self._detector)
 
     def _template_ends(self) -> tuple[list[int], list[int]]:
         if getattr(self, "_ends", None) is None:

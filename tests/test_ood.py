@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -106,12 +108,15 @@ def test_engine_degrades_on_the_score_and_equals_off(tiny_engine, monkeypatch) -
     det.weights = np.zeros(len(det.names) + 1)
     det.norm_lo, det.norm_hi = np.zeros(n_layers), np.full(n_layers, np.inf)
     monkeypatch.setattr(tiny_engine, "_ood", det, raising=False)
+    monkeypatch.setattr(tiny_engine, "_detector", {**ood.describe(None, Path()), "detector": "ood_score/test"},
+                        raising=False)
     lossy = PruningConfig(mode="lossy", sensitivity=1.0, hardware_watermark=0.0)
     prompt = "The quick brown fox jumps over the lazy dog."
     det.threshold = -1.0
     (res,) = tiny_engine.generate([prompt], max_new_tokens=6, config=lossy)
     (off,) = tiny_engine.generate([prompt], max_new_tokens=6, config=lossy.override(mode="off"))
     assert res.stats["degraded"] and res.stats["degraded_reason"] == "ood_score"
+    assert res.stats["detector"] == "ood_score/test"
     assert res.token_ids == off.token_ids and res.stats["layers_bypassed"] == 0
     det.threshold = 1.0
     (res,) = tiny_engine.generate([prompt], max_new_tokens=6, config=lossy)

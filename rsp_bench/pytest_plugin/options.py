@@ -226,8 +226,11 @@ def _parse_options(config: pytest.Config) -> RspOptions:
     if ab_base is not None:
         import subprocess
 
-        found = subprocess.run(["git", "-C", str(config.rootpath), "rev-parse", "--verify", "--quiet",
-                                f"{ab_base}^{{commit}}"], capture_output=True, text=True)
+        try:
+            found = subprocess.run(["git", "-C", str(config.rootpath), "rev-parse", "--verify", "--quiet",
+                                    f"{ab_base}^{{commit}}"], capture_output=True, text=True)
+        except OSError as exc:
+            raise pytest.UsageError(f"--rsp-ab-base {ab_base!r} needs git: {exc}") from None
         if found.returncode != 0:
             raise pytest.UsageError(f"--rsp-ab-base: {ab_base!r} is not a commit of the checkout at {config.rootpath}")
         if engine != "reference":
