@@ -5,7 +5,12 @@ Two kinds, because quality and speed travel differently:
 * a **quality baseline** per model weights and engine under test,
   ``<baselines>/<model>__<weights sha256[:12]>__<engine>.json``: greedy figures are
   deterministic (watermark pinned, float summation order measured not to flip them:
-  ``scripts/measure_float_order.py``), so they are gated on any machine;
+  ``scripts/measure_float_order.py``), so they are gated on any machine. Except for the
+  engines of ``QUALITY_PER_MACHINE``, whose outputs depend on the CPU's instruction set: their
+  quality baseline is per machine fingerprint (``...__<engine>__<fingerprint>.quality.json``),
+  and on a machine that has none the gate judges each figure against the least favourable of
+  the machines that have one (``extra.quality_machines`` says which), so a new machine is
+  still gated, never red for being new;
 * a **speed baseline** per model, engine and machine fingerprint,
   ``<baselines>/<model>__<weights>__<engine>__<fingerprint>.speed.json``: timings are
   only comparable on one kind of machine and one version of the engine's code. Each update
@@ -43,6 +48,7 @@ import json
 import statistics
 import datetime as _dt
 import fnmatch
+from glob import escape as glob_escape
 import os
 import re
 import socket
@@ -57,6 +63,7 @@ from rsp_bench.storage import atomic_write_json
 __all__ = [
     "DEFAULT_BASELINES_DIR",
     "MACHINE_METRICS",
+    "QUALITY_PER_MACHINE",
     "Baselines",
     "metric_scope",
     "engine_under_test",
@@ -84,6 +91,13 @@ MACHINE_METRICS = (
     "router_step_share*", "achieved_bandwidth_gbs*", "roofline_*", "speedup_over_ideal*",
     "lossless_speedup*", "*_measured", "gpu_*", "degradation_check_ms*", "load_*",
 )
+
+# Engines whose greedy outputs depend on the machine: llama.cpp picks its quantized dot products
+# by instruction set, and the same commit's quick Q4_1 / Q4_K_M rows measured 0.094 and 0.074
+# apart in JSON field F1 (Q4_1 prefix agreement 0.055) between the Intel Xeon runner the baseline
+# came from (3f7e7e4dce82) and an AMD EPYC one without AVX-512 (9b1b199de617), 2026-12-03, while
+# its F32 row and every reference-engine row matched exactly.
+QUALITY_PER_MACHINE = ("llama-cpp",)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -123,9 +137,44 @@ def _stem(record: Mapping[str, Any]) -> str:
             f"{_sanitize(engine_under_test(record), 'engine name')}")
 
 
+def _fingerprint(record: Mapping[str, Any]) -> str:
+    try:
+        return _sanitize(str(record["machine"]["fingerprint"]), "machine fingerprint")
+    except (KeyError, TypeError):
+        raise RecordError(f"run record {record.get('run_id')!r} has no machine.fingerprint") from None
+
+
+def quality_per_machine(record: Mapping[str, Any]) -> bool:
+    """Is ``record``'s engine one whose quality is baselined per machine?"""
+    return engine_under_test(record) in QUALITY_PER_MACHINE
+
+
 def quality_baseline_path(baselines_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
-    """Where the quality baseline for ``record``'s weights and engine lives (may not exist)."""
+    """Where the quality baseline for ``record``'s weights and engine (and machine, for the
+    engines of ``QUALITY_PER_MACHINE``) lives (may not exist)."""
+    if quality_per_machine(record):
+        return Path(baselines_dir) / f"{_stem(record)}__{_fingerprint(record)}.quality.json"
     return Path(baselines_dir) / f"{_stem(record)}.json"
+
+
+def least_favourable(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One quality baseline from several machines' (same weights, engine and prompt sets): each
+    metric keeps its first value and gains ``range`` [min, max] over the machines that hold it,
+    so the gate can judge against the least favourable bound in the metric's direction."""
+    base = copy.deepcopy(dict(records[0]))
+    for other in records[1:]:
+        for cid, conf in other["configurations"].items():
+            base["configurations"].setdefault(cid, {**copy.deepcopy(conf), "metrics": {}})
+    for cid, conf in base["configurations"].items():
+        for metric in list(conf["metrics"]) + [m for r in records[1:] for m in r["configurations"].get(cid, {}).get("metrics", {})]:
+            values = [float(r["configurations"][cid]["metrics"][metric]["value"]) for r in records
+                      if metric in r["configurations"].get(cid, {}).get("metrics", {})]
+            if metric not in conf["metrics"]:
+                first = next(r for r in records if metric in r["configurations"].get(cid, {}).get("metrics", {}))
+                conf["metrics"][metric] = copy.deepcopy(first["configurations"][cid]["metrics"][metric])
+            conf["metrics"][metric]["range"] = [min(values), max(values)]
+    base["extra"] = {**dict(base["extra"]), "quality_machines": [str(r["machine"]["fingerprint"]) for r in records]}
+    return base
 
 
 def speed_baseline_path(baselines_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
@@ -229,6 +278,13 @@ def load_baseline(baselines_dir: str | os.PathLike[str], record: Mapping[str, An
     if qpath.exists():
         quality = _with_samples(qpath, load_record(qpath))
         _check_same(qpath, quality, record, (("model", "name"), ("model", "weights_sha256")))
+    elif quality_per_machine(record):
+        others = sorted(Path(baselines_dir).glob(f"{glob_escape(_stem(record))}__*.quality.json"))
+        if others:
+            loaded = [load_record(p) for p in others]
+            for p, q in zip(others, loaded):
+                _check_same(p, q, record, (("model", "name"), ("model", "weights_sha256")))
+            quality = least_favourable(loaded)
     if spath.exists():
         speed = _with_samples(spath, load_record(spath))
         _check_same(spath, speed, record, (("model", "name"), ("model", "weights_sha256"), ("machine", "fingerprint")))
@@ -453,7 +509,8 @@ def run_baseline(args: argparse.Namespace) -> int:
                 path.name,
                 record["model"]["name"],
                 engine_under_test(record),
-                record["machine"]["fingerprint"] if path.name.endswith(".speed.json") else "any (quality)",
+                record["machine"]["fingerprint"] if path.name.endswith((".speed.json", ".quality.json"))
+                else "any (quality)",
                 record["machine"]["cpu"] + (f" + {record['machine']['gpu']}" if record["machine"]["gpu"] else ""),
                 record["run_id"] + (" (quick)" if record["quick"] else ""),
                 (record["git_commit"] or "—")[:12],

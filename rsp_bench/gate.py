@@ -23,6 +23,8 @@ Metrics or configurations on one side only are "new" / "missing": reported, neve
 there a configuration with no baseline, a configuration or metric the run lost (when run and
 baseline are the same size), a quality metric the baseline lacks, or a comparison that gated
 nothing, fails.
+A baseline metric with a ``range`` (several machines' quality baselines, none of this machine's:
+``rsp_bench.baselines.least_favourable``) is judged against its least favourable bound.
 Timing metrics (``rsp_bench.baselines.metric_scope`` "machine") are "info" when there is no
 speed baseline for this machine, when it is stale (made by other engine code) or when the
 timings were taken under contention: reported, not gated, and the summary says so in one line
@@ -448,6 +450,13 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
     correction across rows happens in :func:`compare`)."""
     b, v = float(base["value"]), float(now["value"])
     rule = policy.rule_for(metric)
+    machines_note = ""
+    if rule is not None and rule.direction != "none" and isinstance(base.get("range"), list):
+        # Several machines' baselines, none of this machine (rsp_bench.baselines.least_favourable).
+        lo, hi = (float(x) for x in base["range"])
+        b = lo if rule.direction == "higher" else hi
+        if lo != hi:
+            machines_note = f"least favourable of the known machines ({lo:.4g}-{hi:.4g})"
     if rule is None or rule.direction == "none":
         change = v - b
         return _row(config, metric, "info", baseline=b, now=v, change=change, change_kind="abs",
@@ -485,6 +494,7 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
             note = f"too few samples for a significance test ({len(xs)} vs {len(ys)}): tolerance alone"
         else:
             note = "no samples: tolerance alone"
+    note = "; ".join(x for x in (machines_note, note) if x)
     row = _row(config, metric, "regressed" if beyond else "improved" if better else "ok", baseline=b, now=v,
                change=change, change_kind=kind, tolerance=described, p_value=p_value, note=note)
     row["_test"] = (p_value, samples_worse) if p_value is not None else None

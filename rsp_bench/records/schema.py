@@ -76,7 +76,7 @@ _MACHINE_FIELDS = ("fingerprint", "hostname", "platform", "cpu", "cores", "memor
 _VERSION_FIELDS = ("python", "torch", "transformers", "rsp_bench")
 _CONFIG_FIELDS = ("engine", "mode", "sensitivity", "params", "metrics")
 _METRIC_REQUIRED = ("value", "n", "ci", "unit")
-_METRIC_OPTIONAL = ("samples",)
+_METRIC_OPTIONAL = ("samples", "range")  # range: [min, max] over machines (baselines only)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -234,6 +234,14 @@ def validate_record(obj: Any, source: str | os.PathLike[str] | None = None) -> d
                     v.fail(f"{mwhere}.samples", f"expected a list of numbers, got {_short(samples)}")
                 for i, sample in enumerate(samples):
                     v.number(sample, f"{mwhere}.samples[{i}]")
+            if "range" in metric:
+                rng = metric["range"]
+                if not isinstance(rng, list) or len(rng) != 2:
+                    v.fail(f"{mwhere}.range", f"expected [min, max], got {_short(rng)}")
+                v.number(rng[0], f"{mwhere}.range[0]")
+                v.number(rng[1], f"{mwhere}.range[1]")
+                if rng[0] > rng[1]:
+                    v.fail(f"{mwhere}.range", f"min > max: {rng!r}")
     if not isinstance(obj["extra"], dict):
         v.fail("extra", f"expected an object, got {_short(obj['extra'])}")
     return obj
