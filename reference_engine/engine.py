@@ -16,14 +16,16 @@ import json
 import logging
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from . import calibration as calib_mod
 from . import degradation, ood
+from .degradation import request_words
 from .config import PruningConfig
 from .errors import PromptError
 from .generation import GenerationResult, PromptRow, check_rows_fit
@@ -100,6 +102,7 @@ class Engine:
         self._bypass: list[BypassMap | None] | None = None
         self._stream: torch.Tensor | None = None
         self.decode_kernel = default_decode_kernel()
+        self._degradation_suspended = False
 
     # ---- loading ----
     @classmethod
@@ -262,12 +265,14 @@ class Engine:
         router = None
         router_time = 0.0  # per-token plan + observe: the cost the issue bounds per decode token
         setup_time = 0.0  # once per request: degradation checks, density, router construction
+        check_time = 0.0  # the degradation check alone (part of setup_time, so of prefill_time_s)
         detail = cfg.log_level == "DETAILED"
         detail_lines: list[str] = []
         if prunes:
             cal = self.calibration()
             router_t0 = time.perf_counter()
             self._check_degradation(rows, hidden, cal)
+            check_time = time.perf_counter() - router_t0
             router = self._make_unit_router(rows, cfg, cal) if prunes_unit else self._make_router(rows, cfg, cal)
             setup_time = time.perf_counter() - router_t0
         t_first = time.perf_counter()
@@ -337,7 +342,7 @@ class Engine:
 
         if router is not None:
             reason = degradation.router_instability_reason(router.flips, router.decisions)
-            if reason is not None:
+            if reason is not None and not self._degradation_suspended:
                 # Instability is only known after the fact: rerun the request in full so the
                 # output is exactly the unpruned one, as degradation promises.
                 return self._rerun_degraded(rows, max_new, cfg, temperature, seed, forced, log_file, reason,
@@ -367,6 +372,7 @@ class Engine:
                 "executed_blocks_per_step": executed_trace,
                 "router_time_s": router_time,
                 "router_setup_time_s": setup_time,
+                "degradation_check_s": check_time,
                 "prefill_time_s": t_first - t_start,
                 "decode_time_s": t_end - t_first,
                 "decode_step_times_s": step_times,
@@ -414,18 +420,30 @@ class Engine:
     def _check_degradation(self, rows: list[PromptRow], hidden: list[torch.Tensor], cal: calib_mod.Calibration) -> None:
         """Text rules, then the model-level out-of-distribution score (ood.py) from the prefill's
         own hidden states: any firing turns pruning off for that row."""
+        if self._degradation_suspended:
+            return
         S = hidden[0].shape[1]
         det = self.ood_detector()
         for b, r in enumerate(rows):
             reason = degradation.text_anomaly_reason(r.prompt)
             if reason is None and det is not None:
                 lo, hi = ood.content_span(r.ids, *self._template_ends())
-                stats = ood.prompt_stats(self.weights, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
-                                         self._byte_ids())
-                reason = det.reason(stats)
+                reason = ood.judge(det, self.weights, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
+                                   self._pieces, self._byte_ids())
             elif reason is None:
                 reason = self._legacy_model_checks(b, r, hidden, cal)
             r.degraded_reason = r.degraded_reason or reason
+
+    @contextmanager
+    def degradation_suspended(self) -> Iterator[None]:
+        """For measurement only, never on a request path: within it no row degrades, so a caller
+        sees what pruning would do to input the detector protects (``rsp-bench degradation``
+        reports the cost of each of its errors this way). Not thread-safe, like the engine."""
+        before, self._degradation_suspended = self._degradation_suspended, True
+        try:
+            yield
+        finally:
+            self._degradation_suspended = before
 
     def ood_detector(self) -> ood.OODDetector | None:
         """The fitted out-of-distribution score for these weights: packaged copy, else cache
@@ -453,6 +471,11 @@ class Engine:
         if getattr(self, "_ends", None) is None:
             self._ends = ood.template_ends(self.encode)
         return self._ends
+
+    def _pieces(self) -> request_words.Pieces:
+        if getattr(self, "_piece_table", None) is None:
+            self._piece_table = request_words.pieces(self.tokenizer.decode, self.dims.vocab)
+        return self._piece_table
 
     def _byte_ids(self) -> frozenset[int]:
         if getattr(self, "_bytes", None) is None:

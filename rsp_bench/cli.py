@@ -504,6 +504,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
         "leaderboard": ("rebuild leaderboard tables from run records", *lazy("leaderboard", "configure_leaderboard_parser", "run_leaderboard")),
         "baseline": ("update or show baselines", *lazy("baselines", "configure_baseline_parser", "run_baseline")),
         "tune": ("sweep sensitivity and recommend one", *lazy("tune", "configure_tune_parser", "run_tune")),
+        "degradation": ("protective degradation on a held-out prompt file: rates, each error's cost, the check's cost",
+                        *lazy("degradation_report", "configure_parser", "run")),
         "loadtest": ("bounded concurrent load against an OpenAI-compatible server, checked",
                      *lazy("loadtest", "configure_parser", "run")),
         # The server lives beside the engine it serves (it must not import the harness).
@@ -536,7 +538,7 @@ class _VersionAction(argparse.Action):
 # Files named on the command line of the lazily loaded commands, checked here so the error names
 # the flag as typed whatever the command's own module says later.
 _INPUT_FILES = {"gate": (("baseline", "--baseline"), ("run", "--run"), ("policy", "--policy")),
-                "tune": (("from_table", "--from-table"),)}
+                "tune": (("from_table", "--from-table"),), "degradation": (("prompts", "--prompts"),)}
 
 
 def _check_inputs(command: str, args: argparse.Namespace) -> None:

@@ -84,7 +84,7 @@ def _check_limit(limit: int | None) -> None:
         raise HarnessInputError(f"limit must be a non-negative integer or None, got {limit!r}")
 
 
-def _read_jsonl(path: Path, required: dict[str, type]) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, required: dict[str, type]) -> list[dict[str, Any]]:
     """Rows of a JSON-lines file, each checked to hold ``required`` keys of the given types."""
     rows = []
     try:
@@ -142,7 +142,7 @@ def load_structured(path: str | os.PathLike | None = None, limit: int | None = N
     """Documents of the structured extraction set, in file order."""
     _check_limit(limit)
     resolved = _resolve(path, "structured/documents.jsonl")
-    rows = _read_jsonl(resolved, {"id": str, "kind": str, "text": str, "fields": dict})
+    rows = read_jsonl(resolved, {"id": str, "kind": str, "text": str, "fields": dict})
     docs = [StructuredDoc(r["id"], r["kind"], r["text"], r["fields"]) for r in rows]
     return docs if limit is None else docs[:limit]
 
@@ -150,7 +150,7 @@ def load_structured(path: str | os.PathLike | None = None, limit: int | None = N
 def load_prompts(path: str | os.PathLike | None = None) -> list[PromptItem]:
     """The equivalence prompt set, in file order."""
     resolved = _resolve(path, "prompts/equivalence.jsonl")
-    rows = _read_jsonl(resolved, {"id": str, "category": str, "text": str})
+    rows = read_jsonl(resolved, {"id": str, "category": str, "text": str})
     return [PromptItem(r["id"], r["category"], r["text"]) for r in rows]
 
 

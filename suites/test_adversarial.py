@@ -36,8 +36,11 @@ Rates, recorded in the run record under ``reference/lossy/s=0.50`` with n and a 
   ``degradation_detection_rate_tuning_classes`` / ``_heldout_classes``: the whole detector
   (rules and the model-level score of ``reference_engine/ood.py``) through the engine on inputs
   the score was never fitted on: the held-out part of ``fixtures/normal_corpus`` (206 items,
-  whose false-alarm rate the threshold was chosen for), its user prompts, and fresh draws of the machine-made text classes
-  (``rsp_bench.adversarial.machine_text``), tuning and held-out classes reported apart. False
+  whose false-alarm rate the threshold was chosen for: the threshold split), its user prompts (a
+  development split since the request rule was compared on them), and fresh draws of the
+  machine-made text classes (``rsp_bench.adversarial.machine_text``), tuning and held-out classes
+  reported apart. These are regression checks; the split that chose nothing is
+  ``fixtures/degradation_heldout``, reported by ``rsp-bench degradation``. False
   alarms <= 5% each, tuning detection >= 95%, held-out detection within 5 points of it.
 
 Sizes (examples per property; the hypothesis profile comes from ``RSP_HYPOTHESIS_PROFILE``,

@@ -118,6 +118,10 @@ def test_engine_degrades_on_the_score_and_equals_off(tiny_engine, monkeypatch) -
     assert res.stats["degraded"] and res.stats["degraded_reason"] == "ood_score"
     assert res.stats["detector"] == "ood_score/test"
     assert res.token_ids == off.token_ids and res.stats["layers_bypassed"] == 0
+    assert res.stats["degradation_check_s"] > 0 and off.stats["degradation_check_s"] == 0.0
+    with tiny_engine.degradation_suspended():  # what rsp-bench degradation measures errors with
+        (free,) = tiny_engine.generate([prompt], max_new_tokens=6, config=lossy)
+    assert not free.stats["degraded"] and not tiny_engine._degradation_suspended
     det.threshold = 1.0
     (res,) = tiny_engine.generate([prompt], max_new_tokens=6, config=lossy)
     assert res.stats["degraded_reason"] != "ood_score"

@@ -31,6 +31,8 @@ Layout (one concept per module; this package re-exports the public names):
   text_rules            text_anomaly_reason(s): the text-level rules over the scan
   model_checks          loss, hidden-norm and router-instability checks
   detector_calibration  DetectorCalibration, what the model-level checks compare against
+  request_words         which tokens of a prompt are a request in words (the request rule's
+                        first half; ``ood.judge`` is the other), not re-exported
 
 The model-level out-of-distribution score that catches what no character rule lists (random
 and machine-made text, stacked combining marks) is ``reference_engine.ood``; the mean-loss and
@@ -38,7 +40,7 @@ norm checks here stand in for it only for weights that have no fitted score.
 
 Imports go one way (reasons, thresholds, chars, model_checks import none of the others;
 scan imports chars; text_rules imports chars, scan, thresholds; detector_calibration imports
-model_checks); none imports this package's ``__init__``.
+model_checks; request_words imports none); none imports this package's ``__init__``.
 """
 
 from __future__ import annotations

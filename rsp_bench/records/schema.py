@@ -140,6 +140,16 @@ def _parse_utc(text: str) -> _dt.datetime | None:
     return parsed
 
 
+def _ordered_pair(v: Any, pair: Any, where: str, names: tuple[str, str], alternative: str = "") -> None:
+    lo, hi = names
+    if not isinstance(pair, list) or len(pair) != 2:
+        v.fail(where, f"expected [{lo}, {hi}]{alternative}, got {_short(pair)}")
+    v.number(pair[0], f"{where}[0]")
+    v.number(pair[1], f"{where}[1]")
+    if pair[0] > pair[1]:
+        v.fail(where, f"{lo} > {hi}: {pair!r}")
+
+
 def validate_record(obj: Any, source: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Check ``obj`` against schema version 1; return it unchanged or raise RecordError.
 
@@ -219,14 +229,8 @@ def validate_record(obj: Any, source: str | os.PathLike[str] | None = None) -> d
             v.mapping(metric, mwhere, _METRIC_REQUIRED, _METRIC_OPTIONAL)
             v.number(metric["value"], f"{mwhere}.value")
             v.integer(metric["n"], f"{mwhere}.n", minimum=1)
-            ci = metric["ci"]
-            if ci is not None:
-                if not isinstance(ci, list) or len(ci) != 2:
-                    v.fail(f"{mwhere}.ci", f"expected [lo, hi] or null, got {_short(ci)}")
-                v.number(ci[0], f"{mwhere}.ci[0]")
-                v.number(ci[1], f"{mwhere}.ci[1]")
-                if ci[0] > ci[1]:
-                    v.fail(f"{mwhere}.ci", f"lo > hi: {ci!r}")
+            if metric["ci"] is not None:
+                _ordered_pair(v, metric["ci"], f"{mwhere}.ci", ("lo", "hi"), " or null")
             v.string(metric["unit"], f"{mwhere}.unit")
             if "samples" in metric:
                 samples = metric["samples"]
@@ -235,13 +239,7 @@ def validate_record(obj: Any, source: str | os.PathLike[str] | None = None) -> d
                 for i, sample in enumerate(samples):
                     v.number(sample, f"{mwhere}.samples[{i}]")
             if "range" in metric:
-                rng = metric["range"]
-                if not isinstance(rng, list) or len(rng) != 2:
-                    v.fail(f"{mwhere}.range", f"expected [min, max], got {_short(rng)}")
-                v.number(rng[0], f"{mwhere}.range[0]")
-                v.number(rng[1], f"{mwhere}.range[1]")
-                if rng[0] > rng[1]:
-                    v.fail(f"{mwhere}.range", f"min > max: {rng!r}")
+                _ordered_pair(v, metric["range"], f"{mwhere}.range", ("min", "max"))
     if not isinstance(obj["extra"], dict):
         v.fail("extra", f"expected an object, got {_short(obj['extra'])}")
     return obj

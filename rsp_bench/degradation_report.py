@@ -1,0 +1,346 @@
+"""``rsp-bench degradation``: protective degradation judged on a split that chose nothing.
+
+Reads a prompt file in the schema of ``fixtures/degradation_heldout/prompts.jsonl`` (one JSON
+object a line: ``id``, ``group``, ``kind``, ``lang``, ``pair``, ``text``), runs every prompt
+through the reference engine at its default configuration and reports, with n and a Wilson
+interval each:
+
+- the degraded share per group, per kind and per language; the targets (issue 26): requests
+  that carry data (``data_request``) and plain requests (``plain_language``, ``plain_en``) at
+  most 5% degraded, odd input (``odd``) at least 95%; ``payload_alone`` has no target and is
+  read against its pair (what the request around a payload changes);
+- that a degraded prompt's output equals pruning off's, token for token;
+- what each error costs: for every degraded ordinary prompt and every missed odd one, what
+  pruning at the default sensitivity does to it (teacher-forced KL and top-1 against pruning
+  off on pruning off's own greedy continuation, the detector suspended), so a reader sees
+  whether a false alarm protected anything and whether a miss hurt;
+- the same damage for every plain request, per language against English: degrading a language
+  is the protection working only where pruning measurably hurts it more than English;
+- the check's cost: the engine's own timing of the detector (``degradation_check_s``, inside
+  prefill, so inside TTFT) against the median decode step of the same request, short and long
+  prompts, over ``--cost-reps`` requests.
+
+Every figure is measured; KL is over the full vocabulary (nats), not a truncated estimate. Must NOT import ``reference_engine`` at module level (the CLI's
+help stays light); the engine arrives in ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rsp_bench.datasets import read_jsonl
+from rsp_bench.errors import HarnessInputError
+from rsp_bench.metrics.intervals import wilson_interval
+from rsp_bench.storage import atomic_write_json
+
+FIELDS = ("id", "group", "kind", "lang", "pair", "text")
+ORDINARY = ("data_request", "plain_language", "plain_en")  # must not degrade
+ODD = ("odd",)  # must degrade
+GROUPS = (*ORDINARY, "payload_alone", *ODD)
+MAX_FALSE_ALARMS = 0.05
+MIN_DETECTION = 0.95
+BATCH = 8
+SHORT_PROMPT = "What is the capital of France?"
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    group: str
+    kind: str
+    lang: str
+    pair: str | None
+    text: str
+
+
+def load_items(path: Path) -> list[Item]:
+    """The prompt file, every line checked: a bad line is an error naming the file, the line and
+    the field."""
+    rows = read_jsonl(Path(path), {"id": str, "group": str, "kind": str, "lang": str, "text": str})
+    for row in rows:
+        where = f"{path}: prompt {row['id']!r}"
+        if row["group"] not in GROUPS:
+            raise HarnessInputError(f"{where}: group {row['group']!r} is not one of {', '.join(GROUPS)}")
+        if not isinstance(row.get("pair"), (str, type(None))):
+            raise HarnessInputError(f"{where}: field 'pair' must be a string or null, got {row.get('pair')!r:.100}")
+        if not row["text"].strip():
+            raise HarnessInputError(f"{where}: the text is only whitespace")
+    if not rows:
+        raise HarnessInputError(f"{path}: no prompts in it")
+    return [Item(**{f: row.get(f) for f in FIELDS}) for row in rows]
+
+
+def rate(hits: int, n: int) -> dict:
+    lo, hi = wilson_interval(hits, n)
+    return {"n": n, "degraded": hits, "rate": round(hits / n, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def verdicts(engine: Any, items: Sequence[Item], progress: Callable[[int, int], None]) -> list[dict]:
+    """Each prompt through the engine (one new token, the default configuration), in batches of
+    similar token length (a degraded row does not change another row's verdict)."""
+    n_tok = [len(engine.encode(it.text)) for it in items]
+    order = sorted(range(len(items)), key=lambda i: n_tok[i])
+    out: list[dict] = [{}] * len(items)
+    for start in range(0, len(order), BATCH):
+        idx = order[start:start + BATCH]
+        for i, res in zip(idx, engine.generate([items[i].text for i in idx], max_new_tokens=1)):
+            out[i] = {"degraded": bool(res.stats["degraded"]), "reason": res.stats["degraded_reason"],
+                      "prompt_tokens": n_tok[i]}
+        progress(min(start + BATCH, len(order)), len(order))
+    return out
+
+
+def summarise(items: Sequence[Item], v: Sequence[dict]) -> dict:
+    by_group: dict[str, list[bool]] = {}
+    by_kind: dict[str, list[bool]] = {}
+    by_lang: dict[str, list[bool]] = {}
+    reasons: dict[str, dict[str, int]] = {}
+    for it, r in zip(items, v):
+        by_group.setdefault(it.group, []).append(r["degraded"])
+        by_kind.setdefault(f"{it.group}/{it.kind}", []).append(r["degraded"])
+        if it.group in ("plain_language", "plain_en"):
+            by_lang.setdefault(it.lang, []).append(r["degraded"])
+        if r["degraded"]:
+            g = reasons.setdefault(it.group, {})
+            g[r["reason"]] = g.get(r["reason"], 0) + 1
+    ordinary = [r["degraded"] for it, r in zip(items, v) if it.group in ORDINARY]
+    out = {"groups": {g: rate(sum(f), len(f)) for g, f in by_group.items()},
+           "kinds": {k: rate(sum(f), len(f)) for k, f in sorted(by_kind.items())},
+           "languages": {k: rate(sum(f), len(f)) for k, f in sorted(by_lang.items())},
+           "reasons": reasons}
+    if ordinary:
+        out["groups"]["ordinary (all three)"] = rate(sum(ordinary), len(ordinary))
+    ids = {it.id: i for i, it in enumerate(items)}
+    pairs = [(v[i]["degraded"], v[ids[it.pair]]["degraded"]) for i, it in enumerate(items)
+             if it.group == "data_request" and it.pair in ids]
+    if pairs:
+        out["pairs"] = {"n": len(pairs),
+                        "request_kept_payload_degraded": sum(not a and b for a, b in pairs),
+                        "both_kept": sum(not a and not b for a, b in pairs),
+                        "both_degraded": sum(a and b for a, b in pairs),
+                        "request_degraded_payload_kept": sum(a and not b for a, b in pairs)}
+    return out
+
+
+def targets(summary: dict) -> list[dict]:
+    """Each target of issue 26 with its measured rate and whether it is met."""
+    rows = []
+    for g in ORDINARY:
+        if g in summary["groups"]:
+            r = summary["groups"][g]
+            rows.append({"group": g, "target": f"<= {MAX_FALSE_ALARMS:.0%} degraded", "rate": r["rate"],
+                         "n": r["n"], "ci95": r["ci95"], "met": r["rate"] <= MAX_FALSE_ALARMS})
+    if "odd" in summary["groups"]:
+        r = summary["groups"]["odd"]
+        rows.append({"group": "odd", "target": f">= {MIN_DETECTION:.0%} degraded", "rate": r["rate"], "n": r["n"],
+                     "ci95": r["ci95"], "met": r["rate"] >= MIN_DETECTION})
+    return rows
+
+
+def equals_off(engine: Any, text: str, max_new: int) -> bool:
+    """Does a degraded prompt's output equal pruning off's, token for token (each alone)?"""
+    (pruned,) = engine.generate([text], max_new_tokens=max_new)
+    (off,) = engine.generate([text], max_new_tokens=max_new, mode="off")
+    return pruned.token_ids == off.token_ids
+
+
+def damage(engine: Any, text: str, n_tokens: int) -> dict:
+    """What pruning at the default configuration does to one prompt with the detector suspended:
+    full-vocabulary KL(off || pruned) and top-1 agreement, teacher-forced on pruning off's own
+    greedy continuation, and the share of blocks it bypassed."""
+    from rsp_bench.metrics.equivalence import kl_per_token, top1_matches
+
+    (off,) = engine.generate([text], max_new_tokens=n_tokens, mode="off")
+    cont = off.token_ids or [engine.eos_id]
+    ref = engine.teacher_forced(off.prompt_ids, cont, mode="off")
+    with engine.degradation_suspended():
+        cand = engine.teacher_forced(off.prompt_ids, cont)
+    kl = kl_per_token(ref.logits, cand.logits)
+    top1 = top1_matches(ref.logits, cand.logits)
+    return {"tokens": len(cont), "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+            "top1": float(top1.mean()), "top1_hits": int(top1.sum()), "bypass_ratio": float(cand.stats["bypass_ratio"])}
+
+
+def _pooled(rows: Sequence[dict]) -> dict:
+    tokens = sum(r["tokens"] for r in rows)
+    hits = sum(r["top1_hits"] for r in rows)
+    lo, hi = wilson_interval(hits, tokens)
+    return {"items": len(rows), "tokens": tokens,
+            "kl_mean": round(sum(r["kl_mean"] * r["tokens"] for r in rows) / tokens, 6),
+            "top1": round(hits / tokens, 4), "top1_ci95": [round(lo, 4), round(hi, 4)],
+            "bypass_ratio": round(sum(r["bypass_ratio"] * r["tokens"] for r in rows) / tokens, 4)}
+
+
+def language_damage(items: Sequence[Item], v: Sequence[dict], dmg: dict[str, dict]) -> dict:
+    """Pruning's damage per language against English's (plain requests). A language "hurts more"
+    only where its top-1 interval lies wholly below English's (Wilson, pooled tokens) or its KL is
+    above English's largest per-item KL; otherwise degrading it protected nothing measurable."""
+    plain = [(it, r) for it, r in zip(items, v) if it.group in ("plain_language", "plain_en") and it.id in dmg]
+    english = [dmg[it.id] for it, _ in plain if it.lang == "en"]
+    if not english:
+        return {}
+    en = _pooled(english)
+    en_kl_max = max(d["kl_mean"] for d in english)
+    out = {"en": {**en, "degraded": sum(r["degraded"] for it, r in plain if it.lang == "en")}}
+    langs = sorted({it.lang for it, _ in plain} - {"en"})
+    for lang in langs:
+        rows = [dmg[it.id] for it, _ in plain if it.lang == lang]
+        p = _pooled(rows)
+        worse = p["top1_ci95"][1] < en["top1_ci95"][0] or p["kl_mean"] > en_kl_max
+        out[lang] = {**p, "degraded": sum(r["degraded"] for it, r in plain if it.lang == lang),
+                     "hurts_more_than_en": bool(worse)}
+    return out
+
+
+def check_cost(engine: Any, text: str, reps: int) -> dict:
+    """The detector's time (the engine's ``degradation_check_s``, inside prefill) against the median
+    decode step of the same request: each request times both, so load hits them alike."""
+    ratios, checks, steps = [], [], []
+    for _ in range(reps):
+        (res,) = engine.generate([text], max_new_tokens=6)
+        st = res.stats
+        step = statistics.median(st["decode_step_times_s"][1:] or st["decode_step_times_s"])
+        checks.append(st["degradation_check_s"])
+        steps.append(step)
+        ratios.append(st["degradation_check_s"] / step)
+    return {"prompt_tokens": res.stats["prompt_tokens"], "reps": reps, "degraded": bool(res.stats["degraded"]),
+            "check_s_median": round(statistics.median(checks), 6), "decode_step_s_median": round(statistics.median(steps), 6),
+            "check_over_step_median": round(statistics.median(ratios), 4),
+            "check_over_step_range": [round(min(ratios), 4), round(max(ratios), 4)]}
+
+
+def _progress(label: str, quiet: bool) -> Callable[[int, int], None]:
+    t0 = time.monotonic()
+
+    def show(done: int, total: int) -> None:
+        if quiet:
+            return
+        if sys.stderr.isatty() or done == total or done % max(total // 10, 1) < BATCH:
+            print(f"\r[degradation] {label}: {done}/{total} ({time.monotonic() - t0:.0f} s)", end="",
+                  file=sys.stderr, flush=True)
+            if done == total:
+                print(file=sys.stderr)
+    return show
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", type=Path, default=Path("fixtures/degradation_heldout/prompts.jsonl"),
+                   help="prompt file (default: the held-out split, fixtures/degradation_heldout/prompts.jsonl)")
+    p.add_argument("--model", default=None, help="model folder or name (default: the embedded model)")
+    p.add_argument("--out", type=Path, default=Path("results/degradation_heldout.json"),
+                   help="JSON report, written atomically (default: results/degradation_heldout.json)")
+    p.add_argument("--damage-tokens", type=int, default=16,
+                   help="continuation tokens teacher-forced per damage measurement (default 16)")
+    p.add_argument("--equal-tokens", type=int, default=4,
+                   help="tokens generated per degraded prompt to compare with pruning off (default 4)")
+    p.add_argument("--cost-reps", type=int, default=15, help="requests timed per cost figure (default 15)")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts only (a smoke run; reports say so)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+
+
+def _check_args(a: argparse.Namespace) -> None:
+    for name in ("damage_tokens", "equal_tokens", "cost_reps"):
+        if getattr(a, name) < 1:
+            raise HarnessInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if a.limit is not None and a.limit < 1:
+        raise HarnessInputError(f"--limit must be >= 1, got {a.limit}")
+    if a.threads is not None and a.threads < 1:
+        raise HarnessInputError(f"--threads must be >= 1, got {a.threads}")
+
+
+def run(a: argparse.Namespace) -> int:
+    _check_args(a)
+    quiet = bool(getattr(a, "quiet", False))
+    items = load_items(a.prompts)
+    if a.limit is not None:
+        items = items[:a.limit]
+    import torch
+
+    from reference_engine import Engine
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    t0 = time.monotonic()
+    engine = Engine.load(a.model)
+    v = verdicts(engine, items, _progress("verdicts", quiet))
+    summary = summarise(items, v)
+
+    degraded = [(it, r) for it, r in zip(items, v) if r["degraded"]]
+    show = _progress("degraded equals off", quiet)
+    unequal = []
+    for k, (it, _) in enumerate(degraded, 1):
+        if not equals_off(engine, it.text, a.equal_tokens):
+            unequal.append(it.id)
+        show(k, len(degraded))
+
+    # Damage: every error (degraded ordinary, missed odd) and every plain request (per language).
+    wanted = [(it, r) for it, r in zip(items, v)
+              if (it.group in ORDINARY and r["degraded"]) or (it.group in ODD and not r["degraded"])
+              or it.group in ("plain_language", "plain_en")]
+    show = _progress("damage of pruning", quiet)
+    dmg: dict[str, dict] = {}
+    for k, (it, _) in enumerate(wanted, 1):
+        dmg[it.id] = damage(engine, it.text, a.damage_tokens)
+        show(k, len(wanted))
+    errors = [{"id": it.id, "group": it.group, "kind": it.kind, "lang": it.lang, "reason": r["reason"],
+               "error": "false alarm" if it.group in ORDINARY else "miss", **dmg[it.id]}
+              for it, r in zip(items, v) if it.id in dmg
+              and ((it.group in ORDINARY and r["degraded"]) or (it.group in ODD and not r["degraded"]))]
+    long_text = max((it.text for it in items if it.group in ORDINARY), key=len)
+    cost = {"short": check_cost(engine, SHORT_PROMPT, a.cost_reps), "long": check_cost(engine, long_text, a.cost_reps)}
+
+    from rsp_bench.records import machine_info
+
+    report = {
+        "prompts": str(a.prompts), "items": len(items), "limited": a.limit is not None,
+        "model": engine.name, "detector": engine.detector_info(),
+        "config": {"mode": engine.default_config.mode, "sensitivity": engine.default_config.sensitivity,
+                   "router": engine.default_config.router},
+        "targets": targets(summary), **summary,
+        "degraded_equals_off": {"n": len(degraded), "unequal": unequal, "tokens": a.equal_tokens},
+        "errors": errors, "languages_damage": language_damage(items, v, dmg),
+        "check_cost": cost, "machine": machine_info(), "wall_s": round(time.monotonic() - t0, 1),
+        "command": "rsp-bench degradation " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["degradation"] else None,
+    }
+    atomic_write_json(a.out, report)
+    print_report(report)
+    print(f"report: {a.out}")
+    return 1 if unequal else 0
+
+
+def print_report(rep: dict) -> None:
+    from tabulate import tabulate
+
+    ci = lambda r: f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}"  # noqa: E731
+    print(tabulate([[g, r["n"], r["degraded"], f"{r['rate']:.3f}", ci(r)] for g, r in rep["groups"].items()],
+                   headers=["group", "n", "degraded", "rate", "95% CI"], disable_numparse=True))
+    print()
+    print(tabulate([[t["group"], t["target"], f"{t['rate']:.3f} (n={t['n']})", "met" if t["met"] else "NOT MET"]
+                    for t in rep["targets"]], headers=["group", "target", "measured", ""], disable_numparse=True))
+    if "pairs" in rep:
+        p = rep["pairs"]
+        print(f"\npairs (request, payload alone), n={p['n']}: request kept & payload degraded "
+              f"{p['request_kept_payload_degraded']}, both kept {p['both_kept']}, both degraded "
+              f"{p['both_degraded']}, request degraded & payload kept {p['request_degraded_payload_kept']}")
+    eq = rep["degraded_equals_off"]
+    print(f"degraded output equals pruning off: {eq['n'] - len(eq['unequal'])}/{eq['n']}")
+    if rep["errors"]:
+        print()
+        print(tabulate([[e["error"], e["id"], e["reason"] or "-", f"{e['kl_mean']:.4f}", f"{e['top1']:.3f}",
+                         f"{e['bypass_ratio']:.3f}"] for e in rep["errors"]],
+                       headers=["error", "prompt", "reason", "KL mean", "top-1", "bypass"], disable_numparse=True))
+    ld = rep["languages_damage"]
+    if ld:
+        more = [k for k, d in ld.items() if d.get("hurts_more_than_en")]
+        print(f"\npruning's damage per language: English top-1 {ld['en']['top1']:.3f}, KL {ld['en']['kl_mean']:.4f} "
+              f"({ld['en']['items']} items); hurts more than English: {', '.join(more) or 'none'}")
+    for k, c in rep["check_cost"].items():
+        print(f"check cost, {k} prompt ({c['prompt_tokens']} tokens): {c['check_over_step_median']:.3f} of a decode "
+              f"step (median of {c['reps']}; {c['check_s_median'] * 1e3:.2f} ms against {c['decode_step_s_median'] * 1e3:.2f} ms)")

@@ -1,0 +1,122 @@
+"""Unit tests of ``rsp-bench degradation`` (rsp_bench/degradation_report.py): the prompt file's
+checks, the rates and targets, the per-language comparison, and one end-to-end run on the tiny
+model. The held-out figures themselves come from running it on the embedded model (README)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rsp_bench import cli
+from rsp_bench import degradation_report as dr
+from rsp_bench.errors import HarnessInputError
+
+
+def _line(**kw) -> str:
+    base = {"id": "a", "group": "plain_en", "kind": "chat", "lang": "en", "pair": None, "text": "Hello there."}
+    return json.dumps({**base, **kw})
+
+
+@pytest.mark.parametrize("lines, match", [
+    (["{not json"], "p.jsonl:1 is not valid JSON"),
+    ([_line(), "[1]"], "p.jsonl:2 must be a JSON object"),
+    ([json.dumps({"id": "a", "text": "x"})], "p.jsonl:1 needs a non-empty str 'group'"),
+    ([_line(group="weird")], "prompt 'a': group 'weird' is not one of"),
+    ([_line(text="   ")], "prompt 'a': the text is only whitespace"),
+    ([_line(), _line()], "repeats the id 'a'"),
+    ([_line(lang=3)], "needs a non-empty str 'lang', got 3"),
+    ([_line(pair=7)], "field 'pair' must be a string or null, got 7"),
+    ([""], "no prompts"),
+])
+def test_bad_prompt_files_name_the_line_and_the_field(tmp_path, lines, match) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(HarnessInputError, match=match):
+        dr.load_items(path)
+
+
+def test_the_cli_exits_2_on_a_bad_file_or_option(tmp_path, capsys) -> None:
+    assert cli.main(["degradation", "--prompts", str(tmp_path / "missing.jsonl")]) == 2
+    assert "--prompts" in capsys.readouterr().err
+    path = tmp_path / "p.jsonl"
+    path.write_text(_line(group="nope") + "\n", encoding="utf-8")
+    assert cli.main(["degradation", "--prompts", str(path)]) == 2
+    assert "group 'nope'" in capsys.readouterr().err
+    path.write_text(_line() + "\n", encoding="utf-8")
+    assert cli.main(["degradation", "--prompts", str(path), "--cost-reps", "0"]) == 2
+    assert "--cost-reps must be >= 1, got 0" in capsys.readouterr().err
+
+
+def _items() -> list[dr.Item]:
+    out = []
+    for i in range(20):
+        out.append(dr.Item(f"r{i}", "data_request", "hex", "en", f"p{i}", "decode this"))
+        out.append(dr.Item(f"p{i}", "payload_alone", "hex", "en", f"r{i}", "deadbeef"))
+    out += [dr.Item(f"o{i}", "odd", "mash", "xx", None, "qzx") for i in range(20)]
+    return out
+
+
+def test_rates_pairs_and_targets_can_fail() -> None:
+    items = _items()
+    # 2 of 20 requests degraded (10%: the <= 5% target fails), every payload degraded, 19 of 20 odd.
+    v = [{"degraded": (it.group == "payload_alone" or (it.group == "data_request" and it.id in ("r0", "r1"))
+                       or (it.group == "odd" and it.id != "o0")), "reason": "ood_score", "prompt_tokens": 3}
+         for it in items]
+    s = dr.summarise(items, v)
+    assert s["groups"]["data_request"]["degraded"] == 2 and s["groups"]["data_request"]["n"] == 20
+    assert s["pairs"] == {"n": 20, "request_kept_payload_degraded": 18, "both_kept": 0, "both_degraded": 2,
+                          "request_degraded_payload_kept": 0}
+    lo, hi = s["groups"]["data_request"]["ci95"]
+    assert lo < 0.1 < hi
+    met = {t["group"]: t["met"] for t in dr.targets(s)}
+    assert met == {"data_request": False, "odd": True}
+    for it, r in zip(items, v):
+        if it.id in ("r0", "r1"):
+            r["degraded"] = False
+        if it.id == "o1":
+            r["degraded"] = False
+    met = {t["group"]: t["met"] for t in dr.targets(dr.summarise(items, v))}
+    assert met == {"data_request": True, "odd": False}  # 18/20 odd is under 95%
+
+
+def test_a_language_hurts_more_only_beyond_englishs_interval() -> None:
+    items = [dr.Item(f"en{i}", "plain_en", "chat", "en", None, "hi") for i in range(4)]
+    items += [dr.Item("th0", "plain_language", "thai", "th", None, "x"), dr.Item("fr0", "plain_language", "fr", "fr", None, "y")]
+    v = [{"degraded": it.lang == "th", "reason": None, "prompt_tokens": 3} for it in items]
+    good = {"tokens": 16, "kl_mean": 0.01, "kl_max": 0.05, "top1": 1.0, "top1_hits": 16, "bypass_ratio": 0.1}
+    dmg = {f"en{i}": good for i in range(4)}
+    dmg["fr0"] = {**good, "top1": 15 / 16, "top1_hits": 15}
+    dmg["th0"] = {**good, "kl_mean": 0.9, "top1": 0.25, "top1_hits": 4}
+    out = dr.language_damage(items, v, dmg)
+    assert out["en"]["top1"] == 1.0 and out["en"]["items"] == 4
+    assert out["th"]["hurts_more_than_en"] and out["th"]["degraded"] == 1
+    assert not out["fr"]["hurts_more_than_en"]
+
+
+def test_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys) -> None:
+    lines = [
+        _line(id="en1", text="Name three rivers in Europe."),
+        _line(id="en2", text="What is the capital of France?"),
+        _line(id="fr1", group="plain_language", kind="french", lang="fr", text="Bonjour, comment allez-vous?"),
+        _line(id="req1", group="data_request", kind="hex", pair="pay1", text="Decode this hex: 48656c6c6f"),
+        _line(id="pay1", group="payload_alone", kind="hex", pair="req1", text="48656c6c6f"),
+        # Zero-width and control characters: the text rules degrade this on any model.
+        _line(id="odd1", group="odd", kind="invisible", lang="xx", text="a\u200bb\u200bc\u200bd\u200b\x07\x07\x07 e"),
+    ]
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "report.json"
+    code = cli.main(["degradation", "--prompts", str(path), "--model", str(tiny_model_dir), "--out", str(out),
+                     "--damage-tokens", "3", "--cost-reps", "2", "--quiet"])
+    assert code == 0, capsys.readouterr()
+    rep = json.loads(out.read_text())
+    assert rep["items"] == 6 and rep["groups"]["odd"]["degraded"] == 1
+    assert rep["degraded_equals_off"]["n"] >= 1 and rep["degraded_equals_off"]["unequal"] == []
+    assert set(rep["languages_damage"]) == {"en", "fr"}
+    assert rep["languages_damage"]["en"]["tokens"] == 6  # two items, three teacher-forced tokens each
+    assert rep["check_cost"]["short"]["reps"] == 2 and rep["check_cost"]["short"]["check_s_median"] > 0
+    assert {t["group"] for t in rep["targets"]} == {"data_request", "plain_language", "plain_en", "odd"}
+    printed = capsys.readouterr().out
+    assert "degraded output equals pruning off" in printed and str(out) in printed
+    assert not list(tmp_path.glob("*.tmp"))
