@@ -162,17 +162,17 @@ def least_favourable(records: list[Mapping[str, Any]]) -> dict[str, Any]:
     metric keeps its first value and gains ``range`` [min, max] over the machines that hold it,
     so the gate can judge against the least favourable bound in the metric's direction."""
     base = copy.deepcopy(dict(records[0]))
-    for other in records[1:]:
+    configs = base["configurations"]
+    for other in records[1:]:  # the union of configurations and metrics, first value kept
         for cid, conf in other["configurations"].items():
-            base["configurations"].setdefault(cid, {**copy.deepcopy(conf), "metrics": {}})
-    for cid, conf in base["configurations"].items():
-        for metric in list(conf["metrics"]) + [m for r in records[1:] for m in r["configurations"].get(cid, {}).get("metrics", {})]:
+            target = configs.setdefault(cid, {**copy.deepcopy(conf), "metrics": {}})
+            for metric, entry in conf["metrics"].items():
+                target["metrics"].setdefault(metric, copy.deepcopy(entry))
+    for cid, conf in configs.items():
+        for metric, entry in conf["metrics"].items():
             values = [float(r["configurations"][cid]["metrics"][metric]["value"]) for r in records
                       if metric in r["configurations"].get(cid, {}).get("metrics", {})]
-            if metric not in conf["metrics"]:
-                first = next(r for r in records if metric in r["configurations"].get(cid, {}).get("metrics", {}))
-                conf["metrics"][metric] = copy.deepcopy(first["configurations"][cid]["metrics"][metric])
-            conf["metrics"][metric]["range"] = [min(values), max(values)]
+            entry["range"] = [min(values), max(values)]
     base["extra"] = {**dict(base["extra"]), "quality_machines": [str(r["machine"]["fingerprint"]) for r in records]}
     return base
 
