@@ -159,22 +159,33 @@ def _lm_eval(tmp_path: Path, model: str, model_args: str, task: str, limit: int,
 
 
 def test_stock_lm_eval_clients_against_served(served_adapter, rsp_engine, rsp_peer, rsp_adapter_for, tmp_path) -> None:
-    import torch
-
     """The unmodified ``lm_eval`` CLI: ``local-completions`` (rolling loglikelihood through echo,
     ``tokenizer_backend=remote``) and ``local-chat-completions`` (generate_until) against the
     served reference, checked against the in-process engine on the same items: the log-likelihood
     equals the unpruned model's (the transformers peer, one forward), and the generations equal
-    the in-process engine's at the server's default knobs (lossy, s=0.5, watermark pinned 0)."""
+    the in-process engine's at the server's default knobs (lossy, s=0.5, watermark pinned 0).
+
+    The two CLI runs are started together: each is mostly its own import of lm-eval and torch
+    (about 18 s, one core), and the server answers their few requests one at a time."""
+    import torch
+
     pytest.importorskip("lm_eval")
     pytest.importorskip("tenacity", reason="lm-eval's API clients need tenacity (the 'serve' extra)")
     base, model = served_adapter.url, served_adapter.model
     tok = rsp_engine.tokenizer
 
-    samples = _lm_eval(tmp_path, "local-completions",
-                       f"base_url={base}/completions,tokenizer_backend=remote,model={model},num_concurrent=1,"
-                       f"max_retries=1,tokenized_requests=True,max_length=2048", "rsp_perplexity", 1)
-    [sample] = samples
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        completions = pool.submit(
+            _lm_eval, tmp_path, "local-completions",
+            f"base_url={base}/completions,tokenizer_backend=remote,model={model},num_concurrent=1,"
+            f"max_retries=1,tokenized_requests=True,max_length=2048", "rsp_perplexity", 1)
+        chat = pool.submit(
+            _lm_eval, tmp_path, "local-chat-completions",
+            f"base_url={base}/chat/completions,model={model},num_concurrent=1,max_retries=1",
+            "rsp_squad", 1, "--apply_chat_template")
+        [sample] = completions.result()
+        [chat_sample] = chat.result()
+
     ids = tok(sample["doc"]["text"], add_special_tokens=False)["input_ids"]
     prefix = tok(tok.bos_token, add_special_tokens=False)["input_ids"][0] if tok.bos_token else rsp_engine.eos_id
     spec = ConfigSpec("hf-generate/off", "hf-generate", "off", None)
@@ -183,13 +194,10 @@ def test_stock_lm_eval_clients_against_served(served_adapter, rsp_engine, rsp_pe
     got = float(sample["resps"][0][0][0]) if isinstance(sample["resps"][0][0], list) else float(sample["resps"][0][0])
     assert got == pytest.approx(want, rel=1e-4, abs=1e-3), f"lm-eval log-likelihood {got} vs in-process {want}"
 
-    samples = _lm_eval(tmp_path, "local-chat-completions",
-                       f"base_url={base}/chat/completions,model={model},num_concurrent=1,max_retries=1",
-                       "rsp_squad", 1, "--apply_chat_template")
-    [sample] = samples
     lossy = ConfigSpec("reference/lossy/s=0.50", "reference", "lossy", 0.5, {}, pruning_config("lossy", 0.5))
-    [local] = rsp_adapter_for("reference").generate([sample["doc"]["prompt"]], 16, lossy)
-    assert sample["resps"][0][0] == local.text.split("\n\n")[0], "lm-eval's generation differs from the in-process engine's"
+    [local] = rsp_adapter_for("reference").generate([chat_sample["doc"]["prompt"]], 16, lossy)
+    assert chat_sample["resps"][0][0] == local.text.split("\n\n")[0], (
+        "lm-eval's generation differs from the in-process engine's")
 
 
 # ---------------------------------------------------------------- a server nobody here wrote
