@@ -21,19 +21,18 @@ and random removal at equal bytes closes the board (``rsp_bench.router_curve``).
 
 Outputs (written atomically through ``rsp_bench.storage``, byte for byte identical when rebuilt
 from the same records: no timestamps, no paths, fixed plot size, dpi, style and PNG metadata):
-``leaderboard.md``, ``leaderboard.html`` and ``quality_vs_speed.png``. Also holds the
-``rsp-bench leaderboard`` CLI glue, and re-exports the ``rsp-bench baseline`` glue that
-``rsp_bench.baselines`` owns.
+``leaderboard.md``, ``leaderboard.html`` and ``quality_vs_speed.png`` (drawn by
+``rsp_bench.leaderboard_plot``). Also holds the ``rsp-bench leaderboard`` CLI glue. Rows whose
+record ran other engine code than the board's newest record are marked stale.
 
-Must NOT import torch, transformers or reference_engine; matplotlib is imported only when the
-plot is drawn, and never through pyplot (no global backend or figure state).
+Must NOT import torch, transformers or reference_engine, nor matplotlib (the plot module
+imports it when it draws).
 """
 
 from __future__ import annotations
 
 import argparse
 import html
-import io
 import os
 import sys
 from dataclasses import dataclass, field
@@ -42,19 +41,20 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tabulate import tabulate
 
-from rsp_bench.baselines import configure_baseline_parser, run_baseline
 from rsp_bench.errors import HarnessInputError
+from rsp_bench.leaderboard_plot import Panel, Point, render_panels_png
 from rsp_bench.profiles import PROFILES
 from rsp_bench.records import latest_records, record_sort_key, validate_record
-from rsp_bench.router_curve import curve_note, curve_rows, curve_title, load_curve
+from rsp_bench.router_curve import curve_note, curve_rows, curve_speed_note, curve_speed_rows, curve_title, load_curve
 from rsp_bench.router_curve import HEADERS as CURVE_HEADERS
+from rsp_bench.router_curve import SPEED_HEADERS as CURVE_SPEED_HEADERS
 from rsp_bench.storage import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "ANCHOR", "COLUMNS", "PROJECTED_COLUMNS", "DEGRADATION_COLUMNS", "MISSING", "Entry", "Section",
     "sections", "leaderboard_entries", "build_leaderboard", "pareto_front", "what_changed",
     "render_markdown", "render_html", "render_plot_png", "write_leaderboard",
-    "configure_leaderboard_parser", "run_leaderboard", "configure_baseline_parser", "run_baseline",
+    "configure_leaderboard_parser", "run_leaderboard",
 ]
 
 MISSING = "—"
@@ -120,6 +120,7 @@ class Entry:
     metrics: Mapping[str, Any]
     speedup: tuple[float, tuple[float, float] | None, str] | None
     exact: bool | None
+    stale: bool = False  # its record ran other engine code than the board's newest record
 
     def value(self, metric: str) -> float | None:
         m = self.metrics.get(metric)
@@ -177,6 +178,21 @@ def _speedup(config_id: str, config: Mapping[str, Any], record: Mapping[str, Any
     return None
 
 
+def _engine_code(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    return record.get("extra", {}).get("code_digest"), record.get("git_commit")
+
+
+def _same_engine_code(a: tuple[str | None, str | None], b: tuple[str | None, str | None]) -> bool:
+    """Two records ran the same engine code: the same code digest where both carry one, else
+    (older records carry none) the same commit, which is stricter than it needs to be; where
+    they carry neither in common there is nothing to tell them apart by, and they count as same."""
+    if a[0] and b[0]:
+        return a[0] == b[0]
+    if a[1] and b[1]:
+        return a[1] == b[1]
+    return True
+
+
 def _exact(metrics: Mapping[str, Any]) -> bool | None:
     if "exact_match_rate" not in metrics:
         return None
@@ -197,6 +213,9 @@ def sections(records: Iterable[Mapping[str, Any]]) -> tuple[list[Section], int]:
     grouped: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
     machines: dict[tuple[str, str, bool], Mapping[str, Any]] = {}
     left_out = 0
+    records = list(records)
+    kept = [r for r in records if _subset_seed(r) == 0]
+    newest = _engine_code(max(kept, key=record_sort_key)) if kept else (None, None)
     for record in records:
         if _subset_seed(record) != 0:
             left_out += 1
@@ -228,7 +247,8 @@ def sections(records: Iterable[Mapping[str, Any]]) -> tuple[list[Section], int]:
                 section.entries.append(Entry(
                     config_id, config["engine"], config["mode"], record["run_id"],
                     bool(record.get("extra", {}).get("partial")), config["metrics"],
-                    _speedup(config_id, config, record), _exact(config["metrics"])))
+                    _speedup(config_id, config, record), _exact(config["metrics"]),
+                    not _same_engine_code(_engine_code(record), newest)))
         section.entries.sort(key=_rank_key)
         out.append(section)
     return out, left_out
@@ -274,7 +294,7 @@ def _speed_cell(sp: tuple[float, tuple[float, float] | None, str] | None) -> str
 
 
 def _record_cell(e: Entry, quick: bool) -> str:
-    return e.run_id + (" (partial)" if e.partial else "")
+    return e.run_id + (" (partial)" if e.partial else "") + (" (stale)" if e.stale else "")
 
 
 def build_leaderboard(records: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -370,8 +390,17 @@ _NOTE = (
 
 
 def _sources_line(records: Sequence[Mapping[str, Any]], left_out: int) -> str:
-    ids = sorted({r["run_id"] for r in records if _subset_seed(r) == 0})
+    kept = [r for r in records if _subset_seed(r) == 0]
+    ids = sorted({r["run_id"] for r in kept})
     text = f"Built from {len(ids)} run record(s): {', '.join(ids) if ids else 'none'}."
+    if kept:
+        newest = max(kept, key=record_sort_key)
+        stale = sorted({r["run_id"] for r in kept if not _same_engine_code(_engine_code(r), _engine_code(newest))})
+        if stale:
+            text += (f" Stale: {len(stale)} of them ran other engine code than the newest record, "
+                     f"{newest['run_id']} (another code digest, or another commit where a record carries "
+                     "none); their rows describe an older engine, are marked (stale) and are drawn hollow "
+                     "and grey in the plot.")
     if left_out:
         text += (f" Left out: {left_out} record(s) drawn on other prompt subsets (--rsp-subset-seed), "
                  "which are never mixed with these.")
@@ -413,6 +442,10 @@ def render_markdown(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_
     if curve is not None:
         parts.append(f"## {curve_title(curve)}\n\n" + _table(CURVE_HEADERS, curve_rows(curve), "github") + "\n\n"
                      + curve_note(curve) + "\n")
+        speed = curve_speed_rows(curve)
+        if speed:
+            parts.append("### Measured speed, at the bytes each timed run skipped\n\n"
+                         + _table(CURVE_SPEED_HEADERS, speed, "github") + "\n\n" + curve_speed_note(curve) + "\n")
     return "\n".join(parts)
 
 
@@ -436,6 +469,11 @@ def render_html(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME
         body.append(f"<h2>{html.escape(curve_title(curve))}</h2>")
         body.append(_table(CURVE_HEADERS, curve_rows(curve), "html"))
         body.append(f"<p>{html.escape(curve_note(curve))}</p>")
+        speed = curve_speed_rows(curve)
+        if speed:
+            body.append("<h3>Measured speed, at the bytes each timed run skipped</h3>")
+            body.append(_table(CURVE_SPEED_HEADERS, speed, "html"))
+            body.append(f"<p>{html.escape(curve_speed_note(curve))}</p>")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         "<title>rsp-bench leaderboard</title>\n"
@@ -448,69 +486,19 @@ def render_html(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME
 
 # --------------------------------------------------------------------------- plot
 
-# Fixed ticks (a locator's choice could change with the matplotlib version): the dense set
-# when the speed-ups span less than 3x, else the sparse one.
-_TICKS = (0.125, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0)
-_DENSE_TICKS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
-
 
 def render_plot_png(records: Sequence[Mapping[str, Any]]) -> bytes:
-    """Top-1 agreement against measured speed-up (log x), one panel per section: one labelled
-    point per configuration, exact configurations as green stars, the Pareto front as a step line.
-
-    Deterministic bytes: matplotlib's default style (not the user's matplotlibrc), fixed size and
-    dpi, fixed ticks, and no "Software" text chunk in the PNG.
-    """
-    import matplotlib
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    secs = [s for s in sections(records)[0] if _plotted(s)] or [None]
-    with matplotlib.style.context("default"):
-        fig = Figure(figsize=(9, 5.5 * len(secs)), dpi=100)
-        FigureCanvasAgg(fig)
-        for i, section in enumerate(secs):
-            ax = fig.add_subplot(len(secs), 1, i + 1)
-            ax.set_xlabel(f"measured speed-up vs {ANCHOR} (×, log scale, CPU, interleaved)")
-            ax.set_ylabel("teacher-forced top-1 agreement")
-            ax.grid(True, linewidth=0.4, alpha=0.5)
-            if section is None:
-                ax.text(0.5, 0.5, "no configuration has both figures", ha="center", va="center",
-                        transform=ax.transAxes)
-                ax.set_title("rsp-bench: quality vs speed")
-                continue
-            points = _plotted(section)
-            ax.set_title(section.title.replace("$", r"\$"), fontsize=9)
-            ax.set_xscale("log")
-            for exact, style in ((False, dict(marker="o", s=30, color="tab:blue", label="lossy / other")),
-                                 (True, dict(marker="*", s=110, color="tab:green", label="exact (output = reference/off)"))):
-                chosen = [(x, y) for x, y, e in points if bool(e.exact) == exact]
-                if chosen:
-                    ax.scatter([p[0] for p in chosen], [p[1] for p in chosen], zorder=3, **style)
-            front = sorted((points[j][0], points[j][1]) for j in pareto_front([(x, y) for x, y, _ in points]))
-            if len(front) > 1:
-                ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="tab:orange",
-                        linewidth=1.0, zorder=2, label="Pareto front")
-            for x, y, e in points:
-                # "$" would switch matplotlib to mathtext and fail on an odd configuration name.
-                ax.annotate(e.config.replace("$", r"\$"), (x, y), xytext=(4, 4), textcoords="offset points",
-                            fontsize=7)
-            ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.8, zorder=1)
-            xs = [p[0] for p in points]
-            lo, hi = min(xs + [1.0]) / 1.3, max(xs + [1.0]) * 1.6  # room for the labels
-            ax.set_xlim(lo, hi)
-            ticks = [t for t in (_DENSE_TICKS if hi / lo < 3 else _TICKS) if lo <= t <= hi]
-            ax.xaxis.set_major_locator(FixedLocator(ticks))
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.set_xticklabels([f"{t:g}×" for t in ticks])
-            ax.margins(y=0.1)
-            ax.legend(loc="lower left", fontsize=7)
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
-    return buffer.getvalue()
+    """The board's plot (``rsp_bench.leaderboard_plot``): one panel per section that has a row
+    with both a measured speed-up and a top-1 agreement."""
+    panels = []
+    for section in sections(records)[0]:
+        plotted = _plotted(section)
+        if not plotted:
+            continue
+        front = sorted((plotted[j][0], plotted[j][1]) for j in pareto_front([(x, y) for x, y, _ in plotted]))
+        panels.append(Panel(section.title, [Point(x, y, e.config, bool(e.exact), e.stale) for x, y, e in plotted],
+                            front))
+    return render_panels_png(panels, ANCHOR)
 
 
 def write_leaderboard(

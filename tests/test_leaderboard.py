@@ -19,9 +19,7 @@ from rsp_bench.leaderboard import (
     PROJECTED_COLUMNS,
     SPEEDUP_HEADER,
     build_leaderboard,
-    configure_baseline_parser,
     configure_leaderboard_parser,
-    run_baseline,
     pareto_front,
     render_markdown,
     run_leaderboard,
@@ -29,6 +27,7 @@ from rsp_bench.leaderboard import (
     what_changed,
     write_leaderboard,
 )
+from rsp_bench.baselines import configure_baseline_parser, run_baseline
 from rsp_bench.records import RunRecordBuilder, load_record, write_record
 
 MACHINE = {"fingerprint": "f00dfeed0001", "hostname": "h", "platform": "p", "cpu": "c", "cores": 2,
@@ -334,3 +333,49 @@ def test_router_curve_closes_the_board_when_the_results_folder_has_one(tmp_path:
     (results / "router_curve.json").write_text("{not json")
     with pytest.raises(HarnessInputError, match="router_curve.json"):
         write_leaderboard(results, tmp_path / "bad")
+
+
+def test_rows_of_records_made_by_older_engine_code_are_marked_stale(tmp_path: Path) -> None:
+    old, new = _records()[:2]
+    old["git_commit"], new["git_commit"] = "a" * 40, "b" * 40
+    old["quick"] = new["quick"] = False  # one section: the newest record's row wins
+    rows = build_leaderboard([old, new])
+    by_config = {r["configuration"]: r["record"] for r in rows}
+    assert by_config["static-shortgpt/k=3"] == "20250101T000000Z-000001 (stale)"
+    assert by_config["reference/lossy/s=0.50"] == "20250201T000000Z-000002"
+    md = render_markdown([old, new])
+    assert "Stale: 1 of them ran other engine code than the newest record, 20250201T000000Z-000002" in md
+    # one code digest on both: the same engine code whatever the commits say
+    old["extra"]["code_digest"] = new["extra"]["code_digest"] = "0123456789abcdef"
+    assert all("(stale)" not in r["record"] for r in build_leaderboard([old, new]))
+    new["extra"]["code_digest"] = "fedcba9876543210"
+    assert "(stale)" in {r["configuration"]: r["record"] for r in build_leaderboard([old, new])}["static-shortgpt/k=3"]
+    assert write_leaderboard([old, new], tmp_path)["png"].read_bytes().startswith(b"\x89PNG")
+
+
+def test_labels_of_coincident_points_are_placed_apart() -> None:
+    from rsp_bench.leaderboard_plot import _overlaps, place_labels
+
+    # three configurations at 1.00x and top-1 1.000 (off, f32, lossless): one spot on the plot
+    anchors = [(100.0, 200.0), (100.0, 200.0), (101.0, 200.0), (300.0, 50.0)]
+    widths = [80.0, 60.0, 120.0, 40.0]
+    offsets = place_labels(anchors, widths, bounds=(0.0, 0.0, 600.0, 400.0))
+    boxes = [(x + dx, y + dy, w, 9.1) for (x, y), (dx, dy), w in zip(anchors, offsets, widths)]
+    assert not any(_overlaps(boxes[i], boxes[j]) for i in range(4) for j in range(i + 1, 4)), offsets
+    assert all(0 <= b[0] and b[0] + b[2] <= 600 and 0 <= b[1] and b[1] + b[3] <= 400 for b in boxes)
+    assert offsets[3] == (4.0, 4.0)  # a lone point keeps the plain place
+    assert place_labels(anchors, widths, bounds=(0.0, 0.0, 600.0, 400.0)) == offsets  # deterministic
+
+
+def test_router_curve_speed_rows_carry_the_bytes_they_were_measured_at() -> None:
+    from rsp_bench.router_curve import curve_rows, curve_speed_rows
+
+    curve = _curve()
+    curve["speed"][0].update(blocks_worth=5.1, router_ms_per_token=0.14, pairs=8)
+    [row] = curve_speed_rows(curve)
+    assert row == ["0.500", "5.10", "1.05× [1.01, 1.09]", "1.08×", "0.14", "8"]
+    # the quality rows carry no speed: a speed-up beside the teacher-forced row of its
+    # sensitivity would sit at bytes it was not measured at
+    assert all("×" not in cell for r in curve_rows(curve) for cell in r)
+    md = render_markdown(_records(), curve=curve)
+    assert "### Measured speed, at the bytes each timed run skipped" in md and "| 5.10 " in md
