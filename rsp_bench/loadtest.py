@@ -37,6 +37,10 @@ or when the server answered any 5xx (its own ``rsp_requests_total``).
 A 429 in the load phase is also retried (counted). The record is written atomically with
 ``rsp_bench.storage.atomic_write_json``; ``passed`` is false when any check failed, and the CLI
 then exits 1. Progress bars go to stderr (tqdm) unless ``--quiet``.
+
+The client (``LoadConfig``, ``LoadClient``) is ``rsp_bench.load_client``'s, shared with
+``rsp_bench.soak``. Must NOT import torch or reference_engine: it speaks HTTP (the CLI starts a
+server in its own process when no ``--url`` is given).
 """
 
 from __future__ import annotations
@@ -51,29 +55,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from rsp_bench.errors import HarnessInputError
+from rsp_bench.load_client import LoadClient, LoadConfig, int_or_none
 
 __all__ = ["LoadConfig", "run_loadtest", "configure_parser", "run"]
 
 # Modes whose greedy output does not depend on the batch: held to equality under batching too.
 BATCH_INVARIANT_MODES = ("off", "static", "lossless")
-
-
-class LoadConfig:
-    def __init__(self, prompts: Sequence[str], requests: int = 12, clients: int = 4, max_tokens: int = 8,
-                 headers: dict[str, str] | None = None, model: str | None = None, burst: bool = True,
-                 max_retries: int = 50, timeout_s: float = 300.0, progress: bool = False,
-                 api_key: str | None = None) -> None:
-        if not prompts:
-            raise HarnessInputError("loadtest needs at least one prompt")
-        for name, value in (("requests", requests), ("clients", clients), ("max_tokens", max_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise HarnessInputError(f"loadtest {name} must be an integer >= 1, got {value!r}")
-        self.prompts, self.requests, self.clients, self.max_tokens = list(prompts), requests, clients, max_tokens
-        self.headers = dict(headers or {})
-        self.model, self.burst, self.max_retries, self.timeout_s = model, burst, max_retries, timeout_s
-        self.progress = progress
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -83,78 +70,6 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     k = (len(xs) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def _stats(header: str | None) -> dict[str, Any] | None:
-    from rsp_bench.engines.openai_engine import parse_stats_header
-
-    return parse_stats_header(header)
-
-
-class _Client:
-    """One chat call with 429 handling, on a shared httpx client (thread-safe)."""
-
-    def __init__(self, base: str, cfg: LoadConfig) -> None:
-        import httpx
-
-        self.base, self.cfg = base.rstrip("/"), cfg
-        self.http = httpx.Client(timeout=cfg.timeout_s, limits=httpx.Limits(max_connections=cfg.clients * 4 + 8))
-        self.lock = threading.Lock()
-        self.rejections: list[dict[str, Any]] = []
-
-    def model(self) -> str:
-        if self.cfg.model:
-            return self.cfg.model
-        r = self.http.get(self.base + "/models", headers=self.cfg.headers)
-        r.raise_for_status()
-        return r.json()["data"][0]["id"]
-
-    def health(self) -> dict[str, Any] | None:
-        root = self.base[:-3] if self.base.endswith("/v1") else self.base
-        try:
-            r = self.http.get(root + "/health")
-            return r.json() if r.status_code == 200 else None
-        except Exception:  # a server without /health
-            return None
-
-    def call(self, model: str, prompt: str, request_id: str, retry: bool = True) -> dict[str, Any]:
-        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": self.cfg.max_tokens,
-                "temperature": 0}
-        headers = {**self.cfg.headers, "X-Request-Id": request_id}
-        t0 = time.perf_counter()
-        attempts = 0
-        while True:
-            attempts += 1
-            r = self.http.post(self.base + "/chat/completions", json=body, headers=headers)
-            if r.status_code == 429 and retry and attempts <= self.cfg.max_retries:
-                after = r.headers.get("retry-after")
-                with self.lock:
-                    self.rejections.append({"request_id": request_id, "retry_after": after})
-                time.sleep(float(after) if after not in (None, "") else 1.0)
-                continue
-            break
-        out: dict[str, Any] = {"request_id": request_id, "status": r.status_code, "attempts": attempts,
-                               "latency_s": time.perf_counter() - t0, "echoed_id": r.headers.get("x-request-id"),
-                               "retry_after": r.headers.get("retry-after"),
-                               "batch_size": _int_or_none(r.headers.get("x-batch-size"))}
-        if r.status_code == 200:
-            data = r.json()
-            out["text"] = data["choices"][0]["message"]["content"] or ""
-            out["completion_tokens"] = (data.get("usage") or {}).get("completion_tokens")
-            out["pruning"] = _stats(r.headers.get("x-pruning-stats"))
-        else:
-            out["error"] = r.text[:500]
-        return out
-
-    def close(self) -> None:
-        self.http.close()
-
-
-def _int_or_none(text: str | None) -> int | None:
-    try:
-        return int(text) if text not in (None, "") else None
-    except ValueError:
-        return None
 
 
 def _batching(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -194,7 +109,7 @@ def _bar(total: int, desc: str, on: bool):
 
 def run_loadtest(base_url: str, cfg: LoadConfig) -> dict[str, Any]:
     """Run the three phases against ``base_url`` (``http://HOST:PORT/v1``); the record as a dict."""
-    client = _Client(base_url, cfg)
+    client = LoadClient(base_url, cfg)
     run_id = uuid.uuid4().hex[:8]
     checks: dict[str, bool] = {}
     notes: list[str] = []

@@ -3,8 +3,9 @@ requests, bad requests and disconnects mixed, checked for lost or duplicated ans
 that differ from the single-request one, any 5xx, and resident memory growth.
 
 Why a module of its own: the plain load test (loadtest.py) measures throughput and the 429
-path; the soak asks whether the server stays correct and flat while clients misbehave. It reuses
-loadtest's client and single phase. Must not import torch or reference_engine: it speaks HTTP.
+path; the soak asks whether the server stays correct and flat while clients misbehave. Both are
+built on ``rsp_bench.load_client``. Must not import torch, reference_engine or rsp_bench.loadtest
+(whose CLI starts a soak): it speaks HTTP.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rsp_bench.errors import HarnessInputError
-from rsp_bench.loadtest import LoadConfig, _Client
+from rsp_bench.load_client import LoadClient, LoadConfig
 
 __all__ = ["BAD_REQUESTS", "run_soak"]
 
@@ -38,7 +39,7 @@ _RSS = re.compile(r"^process_resident_memory_bytes (\S+)$", re.M)
 _STATUS = re.compile(r'^rsp_requests_total\{path="[^"]*",status="(\d+)"\} (\S+)$', re.M)
 
 
-def _metrics(client: _Client) -> tuple[float | None, dict[int, float]]:
+def _metrics(client: LoadClient) -> tuple[float | None, dict[int, float]]:
     root = client.base[:-3] if client.base.endswith("/v1") else client.base
     try:
         text = client.http.get(root + "/metrics").text
@@ -51,7 +52,7 @@ def _metrics(client: _Client) -> tuple[float | None, dict[int, float]]:
     return (float(m.group(1)) if m else None), by_status
 
 
-def _bad(client: _Client, model: str, kind: int, rid: str) -> dict[str, Any]:
+def _bad(client: LoadClient, model: str, kind: int, rid: str) -> dict[str, Any]:
     name, path, patch, want, param = BAD_REQUESTS[kind % len(BAD_REQUESTS)]
     headers = {**client.cfg.headers, "X-Request-Id": rid}
     if isinstance(patch, bytes):
@@ -73,7 +74,7 @@ def _bad(client: _Client, model: str, kind: int, rid: str) -> dict[str, Any]:
             "echoed_id": r.headers.get("x-request-id"), "request_id": rid}
 
 
-def _disconnect(client: _Client, model: str, prompt: str, rid: str) -> dict[str, Any]:
+def _disconnect(client: LoadClient, model: str, prompt: str, rid: str) -> dict[str, Any]:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
             "max_tokens": client.cfg.max_tokens * 2, "temperature": 0}
     with client.http.stream("POST", client.base + "/chat/completions", json=body,
@@ -91,7 +92,7 @@ def run_soak(base_url: str, cfg: LoadConfig, duration_s: float, max_requests: in
     record as a dict (``passed`` false when any check failed)."""
     if not duration_s > 0 or max_requests < 1:
         raise HarnessInputError(f"soak needs a duration > 0 and at least 1 request, got {duration_s}, {max_requests}")
-    client = _Client(base_url, cfg)
+    client = LoadClient(base_url, cfg)
     run_id = uuid.uuid4().hex[:8]
     try:
         model = client.model()

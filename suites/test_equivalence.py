@@ -23,8 +23,8 @@ import pytest
 from rsp_bench import datasets as ds
 from rsp_bench.engines import ConfigSpec, format_config_id
 from rsp_bench.plugin import get_options
-from rsp_bench.quality import (budget_for, check_budget, equivalence_metrics, interpolated_metrics, load_budgets,
-                               record_metrics)
+from rsp_bench.budgets import budget_for, check_budget, load_budgets
+from rsp_bench.quality import equivalence_metrics, interpolated_metrics, record_metrics
 
 pytestmark = pytest.mark.equivalence
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from rsp_bench import datasets as ds
-from rsp_bench.quality import (budget_for, check_budget, extraction_metrics, extraction_prompts, load_budgets,
-                               record_metrics)
+from rsp_bench.budgets import budget_for, check_budget, load_budgets
+from rsp_bench.quality import extraction_metrics, extraction_prompts, record_metrics
 
 pytestmark = pytest.mark.extraction
 

@@ -104,7 +104,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def test_served_matches_in_process(served_case, served_adapter, served_sizes, rsp_adapter_for,
                                    rsp_reference_outputs, rsp_record) -> None:
-    from rsp_bench.engines.openai_engine import truncated_kl_mean
+    from rsp_bench.quality import truncated_kl_mean
 
     mode, s = served_case
     prompts, max_new = served_sizes
@@ -240,7 +240,7 @@ def test_llama_cpp_server_through_openai_adapter(llama_cpp_adapter, served_sizes
     and the truncated KL (top-N) against the in-process reference. The server takes no token-id
     prompt (500), so teacher forcing goes as text and the token counts and echoed token strings
     are checked; what could not be verified is recorded (``unverified`` notes)."""
-    from rsp_bench.engines.openai_engine import truncated_kl_mean
+    from rsp_bench.quality import truncated_kl_mean
 
     adapter = llama_cpp_adapter
     prompts, max_new = served_sizes
@@ -563,6 +563,13 @@ later test starts another)."""
     with ThreadPoolExecutor(2) as pool:
         s, p = pool.submit(stream), pool.submit(plain)
         assert first.wait(60)
+        # SIGTERM only once both are admitted: the stream's first chunk says nothing of the plain
+        # request, which on a loaded machine was still connecting and got "connection refused".
+        deadline = time.monotonic() + 60
+        while http.get("/health").json()["queue_depth"] < 2:
+            assert not (s.done() or p.done()), "a request finished before both were in flight"
+            assert time.monotonic() < deadline, "the plain request was not admitted within 60 s"
+            time.sleep(0.01)
         t0 = time.perf_counter()
         server.proc.send_signal(signal.SIGTERM)
         status, last = s.result(120)

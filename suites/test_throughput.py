@@ -269,7 +269,8 @@ _SPEED_MEASURED = {"off": ("roofline_fraction", "speedup_vs_hf_generate"), "loss
 
 def _speed_budget_failures(stored: dict, specs: dict) -> list[str]:
     from rsp_bench.baselines import metric_scope
-    from rsp_bench.quality import MetricValue, budget_for, check_budget, load_budgets
+    from rsp_bench.budgets import budget_for, check_budget, load_budgets
+    from rsp_bench.quality import MetricValue
 
     budgets = load_budgets(Path(__file__).with_name("budgets.toml"))
     failures = []

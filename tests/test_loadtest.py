@@ -7,6 +7,7 @@ import pytest
 
 from rsp_bench import loadtest
 from rsp_bench.errors import HarnessInputError
+from rsp_bench.load_client import int_or_none
 
 
 def test_percentile_interpolates():
@@ -47,7 +48,7 @@ def test_batching_figures_from_batch_size_headers():
     assert b["reported"] == 3 and b["sizes"] == {"1": 1, "4": 2}
     assert b["mean"] == pytest.approx(3.0) and b["batched_share"] == pytest.approx(2 / 3)
     assert loadtest._batching([{"batch_size": None}]) == {"reported": 0, "sizes": {}, "mean": None, "batched_share": None}
-    assert loadtest._int_or_none("8") == 8 and loadtest._int_or_none("x") is None and loadtest._int_or_none(None) is None
+    assert int_or_none("8") == 8 and int_or_none("x") is None and int_or_none(None) is None
 
 
 def test_equality_is_enforced_unless_lossy_rows_were_batched():

@@ -15,8 +15,8 @@ from rsp_bench import metrics as m
 from rsp_bench.datasets import SquadItem, StructuredDoc
 from rsp_bench.engines import ConfigSpec, Output
 from rsp_bench.errors import HarnessInputError
-from rsp_bench.quality import (MetricValue, budget_for, check_budget, equivalence_metrics, extraction_metrics,
-                               load_budgets, short_answer)
+from rsp_bench.budgets import budget_for, check_budget, load_budgets
+from rsp_bench.quality import MetricValue, equivalence_metrics, extraction_metrics, short_answer
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = ConfigSpec("fake/lossy/s=0.50", "fake", "lossy", 0.5)
@@ -336,7 +336,7 @@ def load_budgets_text(text: str) -> list:
 
 
 def test_a_bound_the_row_should_record_but_lacks_fails() -> None:
-    from rsp_bench.quality import Budget
+    from rsp_bench.budgets import Budget
 
     bound = Budget("squad_f1_delta", "min", 0.0, "test")
     values = {"squad_f1": MetricValue(0.2, 12, None, "fraction")}
@@ -346,7 +346,7 @@ def test_a_bound_the_row_should_record_but_lacks_fails() -> None:
 
 
 def test_a_speed_floor_fails_only_on_a_whole_interval_below_it() -> None:
-    from rsp_bench.quality import Budget
+    from rsp_bench.budgets import Budget
 
     floor = Budget("speedup_over_ideal", "min", 0.9, "test")
     straddles = {"speedup_over_ideal": MetricValue(0.88, 24, (0.85, 0.93), "x")}

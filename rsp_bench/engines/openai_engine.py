@@ -23,9 +23,10 @@ What it sends and what it can give (DESIGN.md section 8):
   forced token; the rest of the mass is spread evenly over the other tokens (``stats["known"]``
   marks the exact entries). So top-1 agreement (N >= 1) and the forced token's NLL are exact;
   a KL from this tensor is an estimate: use ``truncated_kl_per_token`` (a lower bound) and record
-  it under its own name with N.
+  it under its own name with N (``rsp_bench.quality.truncated_kl_mean`` does).
 
-Must NOT import openai, torch or reference_engine at module import.
+Must NOT import openai, torch or reference_engine at module import, nor rsp_bench.quality at all
+(it imports the engines package, which imports this module).
 """
 
 from __future__ import annotations
@@ -358,24 +359,6 @@ def truncated_kl_per_token(reference_logits: "torch.Tensor", candidate_logprobs:
     bucket = torch.where(p_rest > 0, p_rest * (torch.log(p_rest.clamp_min(1e-300)) - torch.log(q_rest)),
                          torch.zeros_like(p_rest))
     return (listed + bucket).clamp_min(0.0)
-
-
-def truncated_kl_mean(adapter: OpenAIAdapter, spec: ConfigSpec, reference: Sequence[Output]) -> Any:
-    """Mean truncated KL (``truncated_kl_per_token``) over every reference continuation token, as a
-    ``rsp_bench.quality.MetricValue`` in nats; the adapter's cached teacher-forced answers are
-    reused, so after ``equivalence_metrics`` this sends no request."""
-    import torch
-
-    from rsp_bench.quality import MetricValue
-
-    per_token = []
-    for ref in reference:
-        if ref.logits is None:
-            raise HarnessInputError("truncated KL needs reference outputs with logits (with_logits=True)")
-        logprobs, stats = adapter.teacher_forced_logits(ref.prompt_ids, ref.token_ids, spec)
-        per_token.append(truncated_kl_per_token(ref.logits, logprobs, stats["known"]))
-    kl = torch.cat(per_token)
-    return MetricValue(float(kl.mean()), int(kl.numel()), None, "nats")
 
 
 class ServedProcess:
