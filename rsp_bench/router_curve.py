@@ -81,8 +81,10 @@ def curve_speed_rows(curve: Mapping[str, Any]) -> list[list[str]]:
 
 
 def curve_note(curve: Mapping[str, Any]) -> str:
-    return (f"Measured by `{curve.get('command', 'scripts/measure_router_curve.py')}`. Static and random rows are "
-            "interpolated between whole-unit budgets at the router's measured bytes. "
+    source = curve.get("held_out_source")
+    held = f"Held-out prompts: {source}. " if source else ""
+    return (f"Measured by `{curve.get('command', 'scripts/measure_router_curve.py')}`. {held}Static and random rows "
+            "are interpolated between whole-unit budgets at the router's measured bytes. "
             f"{curve.get('load_note', '')}").strip()
 
 

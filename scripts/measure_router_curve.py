@@ -255,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="a local model folder or .gguf (default: the embedded one)")
     ap.add_argument("--smoke", action="store_true", help="2 tune and 3 held-out prompts: checks the script runs")
     ap.add_argument("--threads", type=int, default=None, help="torch / native kernel threads (default: torch's)")
+    ap.add_argument("--held-out", type=Path, default=None, metavar="JSONL",
+                    help="held-out prompts from a file, one JSON object with a \"text\" per line (default: the "
+                         "built-in HELD_OUT_PROMPTS, a development set now; fixtures/router_curve/ holds fresh ones)")
+    ap.add_argument("--load-note", default="",
+                    help="what else ran on the machine while measuring, recorded as the result's load_note")
     ap.add_argument("--tune-from", type=Path, default=None,
                     help="reuse the tune grid and chosen sensitivities of an earlier result (skips step 1)")
     args = ap.parse_args(argv)
@@ -266,8 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     torch.set_grad_enabled(False)
     engine = Engine.load(args.model)
-    tune_prompts, held_prompts = (TUNE_PROMPTS[:2], HELD_OUT_PROMPTS[:3]) if args.smoke else \
-        (TUNE_PROMPTS, HELD_OUT_PROMPTS)
+    held_source = "built-in HELD_OUT_PROMPTS (a development set: used to compare router designs)"
+    all_held: tuple[str, ...] = HELD_OUT_PROMPTS
+    if args.held_out is not None:
+        try:
+            all_held = tuple(json.loads(line)["text"] for line in args.held_out.read_text(encoding="utf-8").splitlines()
+                             if line.strip())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"--held-out {args.held_out}: not a JSONL file of objects with a \"text\" ({exc})", file=sys.stderr)
+            return 2
+        if not all_held:
+            print(f"--held-out {args.held_out}: no prompts", file=sys.stderr)
+            return 2
+        held_source = str(args.held_out)
+    tune_prompts, held_prompts = (TUNE_PROMPTS[:2], all_held[:3]) if args.smoke else (TUNE_PROMPTS, all_held)
     pred = engine.unit_predictor(progress=print)
     L = engine.dims.n_layers
     blacklist = {0, L - 1}
@@ -319,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python scripts/measure_router_curve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": engine.name, "weights_sha256": engine.weights_sha256, "kernel": engine.decode_kernel,
         "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-        "load_note": "CPU shared with other jobs while measured; speed-ups are interleaved ratios",
+        "load_note": args.load_note, "held_out_source": held_source,
         "tokens": args.tokens, "tune_prompts": len(tune_prompts), "held_out_prompts": len(held_prompts),
         "predictor_report": pred.report, "tune_grid": grid, "chosen_sensitivities": chosen,
         "held_out": rows, "speed": sp, "seconds": round(time.perf_counter() - t0, 1),
