@@ -73,13 +73,18 @@ class Policy:
         return None
 
 
+def _check_table(value: Any, allowed: set[str], where: str, like: str = "") -> None:
+    """``value`` is a TOML table holding only ``allowed`` keys, else a PolicyError naming it."""
+    if not isinstance(value, dict):
+        raise PolicyError(f"{where} must be a table{like}, got {value!r}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} (allowed: {sorted(allowed)})")
+
+
 def _parse_rule(pattern: str, spec: Any, source: str) -> MetricRule:
     where = f"{source}: metrics.{pattern!r}"
-    if not isinstance(spec, dict):
-        raise PolicyError(f"{where} must be a table like {{ direction = \"higher\", abs = 0.02 }}, got {spec!r}")
-    unknown = sorted(set(spec) - _RULE_KEYS)
-    if unknown:
-        raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} (allowed: {sorted(_RULE_KEYS)})")
+    _check_table(spec, _RULE_KEYS, where, ' like { direction = "higher", abs = 0.02 }')
     direction = spec.get("direction")
     if direction not in DIRECTIONS:
         raise PolicyError(f"{where}: direction {direction!r} must be one of {', '.join(DIRECTIONS)}")
@@ -105,11 +110,7 @@ def _parse_policy(data: Mapping[str, Any], source: str) -> tuple[tuple[MetricRul
     if unknown:
         raise PolicyError(f"{source}: unknown table(s) {', '.join(map(repr, unknown))} (allowed: gate, metrics)")
     gate = data.get("gate", {})
-    if not isinstance(gate, dict):
-        raise PolicyError(f"{source}: gate must be a table, got {gate!r}")
-    unknown = sorted(set(gate) - _GATE_KEYS)
-    if unknown:
-        raise PolicyError(f"{source}: gate: unknown key(s) {', '.join(map(repr, unknown))} (allowed: {sorted(_GATE_KEYS)})")
+    _check_table(gate, _GATE_KEYS, f"{source}: gate")
     alpha = gate.get("alpha")
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1):
         raise PolicyError(f"{source}: gate.alpha {alpha!r} must be a number strictly between 0 and 1")
