@@ -81,8 +81,10 @@ def curve_speed_rows(curve: Mapping[str, Any]) -> list[list[str]]:
 
 
 def curve_note(curve: Mapping[str, Any]) -> str:
-    source = curve.get("held_out_source")
-    held = f"Held-out prompts: {source}. " if source else ""
+    # Runs before 2026-12-03 name no source: they used the script's built-in prompts, which have
+    # since been used to compare router designs.
+    source = curve.get("held_out_source") or "the script's built-in HELD_OUT_PROMPTS (a development set now)"
+    held = f"Held-out prompts: {source}. "
     return (f"Measured by `{curve.get('command', 'scripts/measure_router_curve.py')}`. {held}Static and random rows "
             "are interpolated between whole-unit budgets at the router's measured bytes. "
             f"{curve.get('load_note', '')}").strip()
