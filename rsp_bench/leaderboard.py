@@ -16,8 +16,9 @@ configurations marked), and a short "what changed" list between the newest recor
 section and the one before it. Projected GPU figures (modelled from datasheet profiles, not
 measured) go in their own table, as do the protective-degradation rates. Records drawn on other
 prompt subsets (``--rsp-subset-seed``) are left out and counted. When the results folder holds
-``router_curve.json`` (scripts/measure_router_curve.py), the unit router's curve against static
-and random removal at equal bytes closes the board (``rsp_bench.router_curve``).
+``router_curve*.json`` files (scripts/measure_router_curve.py, one per held-out prompt set), the unit
+router's curves against static and random removal at equal bytes close the board
+(``rsp_bench.router_curve``).
 
 Outputs (written atomically through ``rsp_bench.storage``, byte for byte identical when rebuilt
 from the same records: no timestamps, no paths, fixed plot size, dpi, style and PNG metadata):
@@ -45,7 +46,7 @@ from rsp_bench.errors import HarnessInputError
 from rsp_bench.leaderboard_plot import Panel, Point, render_panels_png
 from rsp_bench.profiles import PROFILES
 from rsp_bench.records import latest_records, record_sort_key, validate_record
-from rsp_bench.router_curve import curve_note, curve_rows, curve_speed_note, curve_speed_rows, curve_title, load_curve
+from rsp_bench.router_curve import curve_note, curve_rows, curve_speed_note, curve_speed_rows, curve_title, load_curves
 from rsp_bench.router_curve import HEADERS as CURVE_HEADERS
 from rsp_bench.router_curve import SPEED_HEADERS as CURVE_SPEED_HEADERS
 from rsp_bench.storage import atomic_write_bytes, atomic_write_text
@@ -426,8 +427,8 @@ def _side_tables(section: Section):
 
 
 def render_markdown(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME,
-                    curve: Mapping[str, Any] | None = None) -> str:
-    """The ``leaderboard.md`` text (``curve``: a router_curve.json, shown last)."""
+                    curves: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The ``leaderboard.md`` text (``curves``: router_curve*.json files, shown last)."""
     secs, left_out = sections(records)
     parts = ["# rsp-bench leaderboard\n", _NOTE + "\n", _sources_line(records, left_out) + "\n"]
     for section in secs:
@@ -439,7 +440,7 @@ def render_markdown(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_
         for title, headers, rows in _side_tables(section):
             parts.append(f"### {title}\n\n" + _table(headers, rows, "github") + "\n")
     parts.append(f"![top-1 agreement vs measured speed-up, Pareto front]({plot_name})\n")
-    if curve is not None:
+    for curve in curves:
         parts.append(f"## {curve_title(curve)}\n\n" + _table(CURVE_HEADERS, curve_rows(curve), "github") + "\n\n"
                      + curve_note(curve) + "\n")
         speed = curve_speed_rows(curve)
@@ -450,7 +451,7 @@ def render_markdown(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_
 
 
 def render_html(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME,
-                curve: Mapping[str, Any] | None = None) -> str:
+                curves: Sequence[Mapping[str, Any]] = ()) -> str:
     """The ``leaderboard.html`` text: tabulate's (escaped) HTML tables in a minimal page."""
     secs, left_out = sections(records)
     body = [f"<p>{html.escape(_NOTE)}</p>", f"<p>{html.escape(_sources_line(records, left_out))}</p>"]
@@ -465,7 +466,7 @@ def render_html(records: Sequence[Mapping[str, Any]], plot_name: str = PLOT_NAME
             body.append(f"<h3>{html.escape(title)}</h3>")
             body.append(_table(headers, rows, "html"))
     body.append(f"<p><img src=\"{html.escape(plot_name)}\" alt=\"top-1 agreement vs measured speed-up\"></p>")
-    if curve is not None:
+    for curve in curves:
         body.append(f"<h2>{html.escape(curve_title(curve))}</h2>")
         body.append(_table(CURVE_HEADERS, curve_rows(curve), "html"))
         body.append(f"<p>{html.escape(curve_note(curve))}</p>")
@@ -504,22 +505,22 @@ def render_plot_png(records: Sequence[Mapping[str, Any]]) -> bytes:
 def write_leaderboard(
     records_dir_or_records: str | os.PathLike[str] | Iterable[Mapping[str, Any]],
     out_dir: str | os.PathLike[str],
-    curve: Mapping[str, Any] | None = None,
+    curves: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """Write ``leaderboard.md``, ``leaderboard.html`` and ``quality_vs_speed.png`` into ``out_dir``.
 
     ``records_dir_or_records`` is a results folder (its ``runs/`` are read, and its
-    ``router_curve.json`` unless ``curve`` is given) or the records themselves.
+    ``router_curve*.json`` unless ``curves`` is given) or the records themselves.
     Returns ``{"md": ..., "html": ..., "png": ...}``.
     """
     records = _as_records(records_dir_or_records)
-    if curve is None and isinstance(records_dir_or_records, (str, os.PathLike)):
-        curve = load_curve(records_dir_or_records)
+    if curves is None:
+        curves = load_curves(records_dir_or_records) if isinstance(records_dir_or_records, (str, os.PathLike)) else []
     out = Path(out_dir)
     # The plot first: if drawing fails, no table points at a missing or stale picture.
     png = atomic_write_bytes(out / PLOT_NAME, render_plot_png(records))
-    md = atomic_write_text(out / "leaderboard.md", render_markdown(records, PLOT_NAME, curve))
-    page = atomic_write_text(out / "leaderboard.html", render_html(records, PLOT_NAME, curve))
+    md = atomic_write_text(out / "leaderboard.md", render_markdown(records, PLOT_NAME, curves))
+    page = atomic_write_text(out / "leaderboard.html", render_html(records, PLOT_NAME, curves))
     return {"md": md, "html": page, "png": png}
 
 
@@ -540,9 +541,9 @@ def run_leaderboard(args: argparse.Namespace) -> int:
         raise HarnessInputError(
             f"{Path(args.results) / 'runs'}: no run records to build a leaderboard from (run `rsp-bench run` first)"
         )
-    curve = load_curve(args.results)
-    paths = write_leaderboard(records, args.out or args.results, curve)
-    print(render_markdown(records, PLOT_NAME, curve), end="")
+    curves = load_curves(args.results)
+    paths = write_leaderboard(records, args.out or args.results, curves)
+    print(render_markdown(records, PLOT_NAME, curves), end="")
     for path in paths.values():
         print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -30,9 +30,17 @@ SPEED_HEADERS = ("sensitivity", "blocks' worth skipped / token (timed run)", "me
                  "router ms / token", "pairs")
 
 
-def load_curve(folder: str | Path) -> dict[str, Any] | None:
-    """``folder/router_curve.json``, or None when there is none; a damaged file is an error."""
-    path = Path(folder) / CURVE_FILE
+def load_curves(folder: str | Path) -> list[dict[str, Any]]:
+    """Every ``router_curve*.json`` in ``folder`` (``router_curve.json`` first, then by name: one
+    file per held-out prompt set, so a development set and a fresh one sit side by side, each
+    titled with its source); a damaged file is an error."""
+    paths = sorted(Path(folder).glob("router_curve*.json"), key=lambda q: (q.name != CURVE_FILE, q.name))
+    return [c for c in (load_curve(folder, q.name) for q in paths) if c is not None]
+
+
+def load_curve(folder: str | Path, name: str = CURVE_FILE) -> dict[str, Any] | None:
+    """``folder/name``, or None when there is none; a damaged file is an error."""
+    path = Path(folder) / name
     if not path.is_file():
         return None
     try:
@@ -45,8 +53,10 @@ def load_curve(folder: str | Path) -> dict[str, Any] | None:
 
 
 def curve_title(curve: Mapping[str, Any]) -> str:
+    source = curve.get("held_out_source")
+    prompts = f"held-out prompts of {Path(source).name}" if source else "development prompts (built-in)"
     return (f"Unit router vs static and random removal at equal weight bytes ({curve.get('model', '?')}, "
-            f"{curve.get('held_out_prompts', '?')} held-out prompts x {curve.get('tokens', '?')} tokens, "
+            f"{curve.get('held_out_prompts', '?')} {prompts} x {curve.get('tokens', '?')} tokens, "
             f"{curve.get('kernel', '?')} kernel, {curve.get('threads', '?')} thread(s))")
 
 

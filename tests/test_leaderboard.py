@@ -377,5 +377,19 @@ def test_router_curve_speed_rows_carry_the_bytes_they_were_measured_at() -> None
     # the quality rows carry no speed: a speed-up beside the teacher-forced row of its
     # sensitivity would sit at bytes it was not measured at
     assert all("×" not in cell for r in curve_rows(curve) for cell in r)
-    md = render_markdown(_records(), curve=curve)
+    md = render_markdown(_records(), curves=[curve])
     assert "### Measured speed, at the bytes each timed run skipped" in md and "| 5.10 " in md
+
+
+def test_each_router_curve_file_is_shown_titled_with_its_held_out_prompts(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for r in _records():
+        write_record(r, results)
+    (results / "router_curve.json").write_text(json.dumps(_curve()))
+    fresh = {**_curve(), "held_out_source": "fixtures/router_curve/heldout_x.jsonl"}
+    (results / "router_curve_heldout_x.json").write_text(json.dumps(fresh))
+    md = write_leaderboard(results, tmp_path / "out")["md"].read_text()
+    dev = md.index("3 development prompts (built-in) x 8 tokens")
+    new = md.index("3 held-out prompts of heldout_x.jsonl x 8 tokens")
+    assert dev < new  # router_curve.json first, then the others by name
+    assert "Held-out prompts: fixtures/router_curve/heldout_x.jsonl." in md
