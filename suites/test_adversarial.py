@@ -538,9 +538,9 @@ def test_the_packaged_detector_is_the_one_that_ran(rsp_engine: Any, rsp_options:
 # --------------------------------------------------------------------------- engine batches
 
 
-def _run_batch(engine: Any, rsp_record: Any, names: list[str], texts: list[str],
-               counter: str) -> tuple[list[str], list[str], list[Any], list[Any]]:
-    """One batch lossy and off: (names, texts, lossy, off) of the rows the engine took."""
+def _check_batch(engine: Any, rsp_record: Any, names: list[str], texts: list[str], counter: str) -> None:
+    """Run one batch lossy and off and check every row: no crash, invariants, exactness."""
+    vocab = _vocab(engine)
     try:
         lossy = _generate(engine, texts, MAX_NEW)
     except PromptError as exc:
@@ -550,18 +550,10 @@ def _run_batch(engine: Any, rsp_record: Any, names: list[str], texts: list[str],
         keep = [i for i, t in enumerate(texts) if _encodable(t)]
         names, texts = [names[i] for i in keep], [texts[i] for i in keep]
         if not texts:
-            return [], [], [], []
+            return
         lossy = _generate(engine, texts, MAX_NEW)
     off = _generate(engine, texts, MAX_NEW, mode="off")
     _count(rsp_record, counter, len(texts))
-    return names, texts, lossy, off
-
-
-def _check_rows(engine: Any, names: list[str], texts: list[str], lossy: list[Any], off: list[Any]) -> None:
-    """Every row: no crash, invariants, exactness; teacher-forced logits for the first row."""
-    if not texts:
-        return
-    vocab = _vocab(engine)
     for name, text, res, ref in zip(names, texts, lossy, off):
         _check_result(res, MAX_NEW, vocab)
         _check_result(ref, MAX_NEW, vocab)
@@ -581,40 +573,14 @@ def _check_rows(engine: Any, names: list[str], texts: list[str], lossy: list[Any
         assert bool((forced.logits == forced_off.logits).all()), "degraded teacher-forced logits differ from off"
 
 
-def _check_batch(engine: Any, rsp_record: Any, names: list[str], texts: list[str], counter: str) -> None:
-    """Run one batch lossy and off and check every row."""
-    _check_rows(engine, *_run_batch(engine, rsp_record, names, texts, counter))
-
-
-@pytest.fixture(scope="module")
-def every_class_rows(rsp_engine: Any, rsp_record: Any) -> dict[str, tuple[list[str], list[str], list[Any], list[Any]]]:
-    """Each class's rows, all classes in one batch lossy and one off (16 batches of one row took
-    16 s of the quick suite; one mixed batch is also what a server's batcher makes), and text that
-    is not valid Unicode alone, class by class, for the engine to reject or degrade."""
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_class_runs_through_the_engine(rsp_engine: Any, rsp_record: Any, name: str) -> None:
     # The batch property below draws classes at random, so a 12-example run may miss one
     # entirely (it did: no lone-surrogate row in one derandomized run); this guarantees each
     # class reaches the engine. The first draws are hypothesis's simplest; take later ones.
-    drawn = {name: [_cap_tokens(rsp_engine, t) for t in _draw(STRATEGIES[name].strategy(), SIZE.per_class_engine + 2)[2:]]
-             for name in sorted(STRATEGIES)}
-    names = [n for n, texts in drawn.items() for t in texts if _encodable(t)]
-    texts = [t for texts in drawn.values() for t in texts if _encodable(t)]
-    rows = _run_batch(rsp_engine, rsp_record, names, texts, "per_class_engine")
-    out = {name: ([], [], [], []) for name in drawn}
-    for row in zip(*rows):
-        for part, value in zip(out[row[0]], row):
-            part.append(value)
-    for name, class_texts in drawn.items():
-        odd = [t for t in class_texts if not _encodable(t)]
-        if odd:
-            extra = _run_batch(rsp_engine, rsp_record, [name] * len(odd), odd, "per_class_engine")
-            for part, values in zip(out[name], extra):
-                part.extend(values)
-    return out
-
-
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_every_class_runs_through_the_engine(rsp_engine: Any, every_class_rows: dict, name: str) -> None:
-    _check_rows(rsp_engine, *every_class_rows[name])
+    drawn = _draw(STRATEGIES[name].strategy(), SIZE.per_class_engine + 2)[2:]
+    _check_batch(rsp_engine, rsp_record, [name] * len(drawn), [_cap_tokens(rsp_engine, t) for t in drawn],
+                 "per_class_engine")
 
 
 @_settings(SIZE.engine_batches)
