@@ -21,7 +21,10 @@ FIRST_AND_LAST = "first_and_last"
 class PruningConfig:
     """How one request is pruned.
 
-    sensitivity: 0..1; scales the threshold by sensitivity / 0.5, and 0 disables pruning outright.
+    sensitivity: 0..1; 0 disables pruning outright. For the block router (the default) it scales
+        the threshold by sensitivity / 0.5; for the unit router it asks for about sensitivity x 20%
+        of a decode token's weight bytes not read, through a scale calibrated per weights
+        (sensitivity_scale.py).
     layer_blacklist: block indices never bypassed; the default protects the first and last block
         (bypassing them wrecks the output: DESIGN.md section 5).
     log_level: NONE, SUMMARY (one JSON line per request) or DETAILED (one per token and block).
@@ -38,6 +41,8 @@ class PruningConfig:
     router: which lossy router decides: "block" (router.Router: whole blocks, EMA scores of
         earlier tokens, probe steps) or "unit" (router.UnitRouter: attention and MLP apart, scores
         predicted from this token's own unit inputs inside the decode step; unit_predictor.py).
+        The block router stays the default: on the suites' own prompts the unit router does not
+        beat static removal of the same bytes (README, "Per-token unit router").
     static_attn_bypass / static_mlp_bypass: in "static" mode, blocks whose attention / MLP alone
         is bypassed on every decode token (per-unit static removal, the baseline at equal bytes).
     """

@@ -31,6 +31,7 @@ from .errors import PromptError
 from .generation import GenerationResult, PromptRow, check_rows_fit
 from .model import BypassMap, KVCache, decode_step, logits_from_hidden, prefill, weights_from_hf
 from .model_loading import cache_root, file_digest, load_hf_model, load_tokenizer, resolve_model
+from .unit_routing import UnitRouting
 from .router import (Router, RouterCalibration, density_factor, density_of_text, sample_watermark,
                      watermark_factor)
 
@@ -83,7 +84,7 @@ def default_decode_kernel(environ: dict[str, str] | None = None) -> str:
     return "native"
 
 
-class Engine:
+class Engine(UnitRouting):
     """A loaded model plus its calibration. Thread-compatible, not thread-safe."""
 
     def __init__(self, name: str, folder: Path, hf_model, tokenizer, weights_sha256: str,
@@ -103,6 +104,7 @@ class Engine:
         self._stream: torch.Tensor | None = None
         self.decode_kernel = default_decode_kernel()
         self._degradation_suspended = False
+        self._raw_unit_scale = False
 
     # ---- loading ----
     @classmethod
@@ -253,7 +255,7 @@ class Engine:
             if cfg.static_attn_bypass or cfg.static_mlp_bypass:  # per-unit static removal
                 static_attn = [k and i not in cfg.static_attn_bypass for i, k in enumerate(static_keep)]
                 static_mlp = [k and i not in cfg.static_mlp_bypass for i, k in enumerate(static_keep)]
-        unit = prunes_unit = cfg.prunes and cfg.mode == "lossy" and cfg.router == "unit"
+        unit = prunes_unit = prunes and cfg.router == "unit"
         unit = unit or static_attn is not None
         # unit paths bypass with the unit maps and count bytes net of them (unit_predictor.py)
         unit_bytes, block_bytes = self.unit_bytes() if unit else (None, w.bytes_per_block())
@@ -362,6 +364,7 @@ class Engine:
                 "bypassed_weight_bytes": int(bytes_saved[b]) if unit else int(bypassed[b]) * block_bytes,
                 "units_bypassed": int(units_bypassed[b]) if unit else 2 * int(bypassed[b]),
                 "router": cfg.router,
+                "unit_threshold_scale": router.internal_sensitivity if prunes_unit and router is not None else None,
                 "degraded": r.degraded_reason is not None,
                 "degraded_reason": r.degraded_reason,
                 "detector": self.detector_info()["detector"] if prunes else None,  # None: no check ran
@@ -513,98 +516,6 @@ class Engine:
             wm = cfg.hardware_watermark
         return Router(rc, len(rows), cfg.sensitivity, cfg.tau0, cfg.blacklist_for(self.dims.n_layers),
                       f_density, watermark_factor(wm), cfg.probe_interval)
-
-    def unit_bytes(self) -> tuple[np.ndarray, int]:
-        """Weight bytes a bypass of each unit does not read [2L] (net of the unit's map, where it
-        has one), and one whole block's bytes."""
-        from .unit_predictor import unit_bytes
-
-        if getattr(self, "_unit_bytes", None) is None:
-            self._unit_bytes = unit_bytes(self.weights, self.unit_maps())
-        return self._unit_bytes
-
-    def unit_maps(self) -> list:
-        """Per unit, the low-rank stand-in its bypass takes, or None (identity): the predictor's."""
-        return self.unit_predictor().bypass_maps()
-
-    def unit_predictor(self, progress: Callable[[str], None] | None = None, force: bool = False):
-        """The unit router's predictor: packaged copy, else cache, else trained now and cached."""
-        from . import unit_predictor as up
-
-        if getattr(self, "_unit_predictor", None) is not None and not force:
-            return self._unit_predictor
-        found = None if force else self._packaged_or_cached(lambda where: up.load(where, self.weights_sha256))
-        if found is None:
-            found = up.train(self.weights, self.encode, self.eos_id, self.weights_sha256, progress,
-                             kernel=self.decode_kernel)
-            up.save(found, cache_root())
-        self._unit_predictor = found
-        self._unit_bytes = None  # net of this predictor's maps
-        return found
-
-    def _make_unit_router(self, rows: list[PromptRow], cfg: PruningConfig, cal: calib_mod.Calibration):
-        from .router import UnitRouter
-
-        pred = self.unit_predictor()
-        rc = RouterCalibration(impact=cal.impact, rel_mean=np.asarray(cal.rel_mean),
-                               grad_ref=np.asarray(cal.grad_ref), entropy_ref=cal.entropy_ref,
-                               density_ref=cal.density_ref)
-        f_density = np.array([density_factor(self._density(r.prompt, r.ids), cal.density_ref) for r in rows])
-        wm = sample_watermark()[0] if cfg.hardware_watermark is None else cfg.hardware_watermark
-        ub, bb = self.unit_bytes()
-        return UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(pred.bias), ub, bb, len(rows),
-                          cfg.sensitivity, cfg.tau0, cfg.blacklist_for(self.dims.n_layers), f_density,
-                          watermark_factor(wm), native=self.decode_kernel == "native")
-
-    def _unit_step(self, router, static_attn, static_mlp, cache, tok, next_pos, key_valid, stream, active, done,
-                   bytes_saved, units_bypassed, executed_trace, detail, detail_lines, step, rows, block_bytes,
-                   static_saved) -> torch.Tensor:
-        """One decode step with units decided apart: by the unit router (its gate decides inside
-        the step) or by fixed per-unit static flags. Updates the per-row byte and unit counts;
-        ``router.time_s`` is this step's router time (plan + after_step + observe); on the native
-        kernel (router.native) the C call's measured router time plus the Python spent here for it."""
-        if router is None:
-            not_done = ~np.array(done)
-            logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
-                                 kernel=self.decode_kernel, keep_attn=static_attn, keep_mlp=static_mlp,
-                                 unit_bypass=self.unit_maps())
-            n_units = sum(not k for k in static_attn) + sum(not k for k in static_mlp)
-            bytes_saved += np.where(not_done, static_saved, 0)
-            units_bypassed += np.where(not_done, n_units, 0)
-            executed_trace.append(self.dims.n_layers - static_saved / block_bytes)
-            return logits
-        if router.native:  # plan, decide, observe and count inside the C call
-            t0 = time.perf_counter()
-            gate = router.native_step(active, done, bytes_saved, units_bypassed)
-            t1 = time.perf_counter()
-            pre = (router.entropy.copy(), router.grad.copy()) if detail else None  # logging, not router time
-            logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, None,
-                                 kernel=self.decode_kernel, gate=gate,  # no stream: C takes the norms it needs
-                                 unit_bypass=self.unit_maps())
-            t2 = time.perf_counter()
-            executed_trace.append(self.dims.n_layers - router.last_step_bytes() / block_bytes)
-            router.time_s = (t1 - t0) + router.native_time_s() + (time.perf_counter() - t2)
-            if detail:
-                detail_lines.extend(router.detail_records(router.last, step + 1, pre))
-            return logits
-        not_done = ~np.array(done)
-        t0 = time.perf_counter()
-        gate = router.plan(active)
-        t1 = time.perf_counter()
-        logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, stream,
-                             kernel=self.decode_kernel, gate=gate, unit_bypass=self.unit_maps())
-        t2 = time.perf_counter()
-        by, saved = router.after_step()
-        bytes_saved += np.where(not_done, saved, 0)
-        units_bypassed += np.where(not_done, int(by.sum()), 0)
-        executed_trace.append(self.dims.n_layers - saved / block_bytes)
-        if detail:  # before observe: the thresholds this step used
-            t3 = time.perf_counter()
-            detail_lines.extend(router.detail_records(by, step + 1))
-            t2 += time.perf_counter() - t3  # logging is not router time
-        router.observe_step(stream, logits, by)
-        router.time_s = (t1 - t0) + (time.perf_counter() - t2)
-        return logits
 
     @staticmethod
     def _observe(router: Router, stream: torch.Tensor, logits: torch.Tensor, keep: list[bool]) -> None:

@@ -343,62 +343,6 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- calibrate ----
-def _configure_calibrate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="local Llama-family folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--force", action="store_true", help="measure again even if cached")
-
-
-def _calibrate_unit_predictor(engine, args: argparse.Namespace) -> None:
-    """The unit router's predictor (reference_engine.unit_predictor): loaded, or trained with a
-    progress bar (one tick per prompt continued, per prompt where maps and identity are compared,
-    and per prompt labelled)."""
-    import time
-
-    from tqdm import tqdm
-
-    from reference_engine.unit_predictor import MAP_CHOICE_PROMPTS, TRAIN_PROMPTS
-
-    bar = None if args.quiet else tqdm(total=2 * len(TRAIN_PROMPTS) + MAP_CHOICE_PROMPTS, desc="unit predictor",
-                                       file=sys.stderr)
-    t0 = time.perf_counter()
-    pred = engine.unit_predictor(progress=(lambda m: bar.update(1) if "/" in m else None) if bar else None,
-                                 force=args.force)
-    if bar is not None:
-        bar.close()
-    rep = pred.report
-    print(f"unit predictor: {pred.n_units} units, Spearman (held-out positions) predicted vs KL "
-          f"{rep.get('spearman_predicted_vs_kl_pooled', float('nan')):.3f}, proxy vs KL "
-          f"{rep.get('spearman_proxy_vs_kl_pooled', float('nan')):.3f}; trained in "
-          f"{rep.get('train_seconds', float('nan'))} s; this run {time.perf_counter() - t0:.1f} s")
-
-
-def _run_calibrate(args: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
-    _check_model_path(args.model)
-    from reference_engine import Engine
-
-    engine = Engine.load(args.model, calibrate=False)
-    cal = engine.calibration(progress=None if args.quiet else (lambda m: print(m, file=sys.stderr)),
-                             force=args.force)
-    rows = [(i, f"{cal.rel_mean[i]:.3f}", f"{cal.block_influence[i]:.3f}", f"{cal.impact_identity[i]:.3f}",
-             f"{cal.impact_linear[i]:.3f}", "linear" if cal.use_linear[i] else "identity")
-            for i in range(cal.n_layers)]
-    print(tabulate(rows, headers=["block", "rel. update", "block influence", "KL identity (nats)",
-                                  "KL linear (nats)", "bypass"]))
-    print(f"entropy_ref {cal.entropy_ref:.3f} nats, density_ref {cal.density_ref:.3f}, "
-          f"prompt nll {cal.nll_mean:.3f} +- {cal.nll_std:.3f}; weights {cal.weights_sha256[:16]}")
-    ood = engine.ood_detector()
-    if ood is not None:  # refit with scripts/calibrate_ood.py (it needs fixtures/normal_corpus)
-        print(f"out-of-distribution score: threshold {ood.threshold:.3f} (log-odds), fitted on "
-              f"{ood.info.get('n_calibration')} normal prompts, {ood.info.get('heldout_false_alarms')}/"
-              f"{ood.info.get('n_heldout')} held-out false alarms at target {ood.info.get('target_false_alarm_rate')}")
-    _calibrate_unit_predictor(engine, args)
-    return 0
-
-
 # ---- run (the main job) ----
 def _configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the small fixed subset CI runs")
@@ -494,7 +438,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
 
     table = {
         "generate": ("one request through the reference engine", _configure_generate, _run_generate),
-        "calibrate": ("measure and cache a model's router calibration", _configure_calibrate, _run_calibrate),
+        "calibrate": ("measure and cache a model's router calibration, unit predictor and sensitivity scale",
+                      *lazy("calibrate_cli", "configure_parser", "run")),
         "run": ("run the suites, write records, gate, rebuild the leaderboard", _configure_run, _run_run),
         "project": ("projected tokens/s and GPU idle time per profile", *lazy("speed", "configure_project_parser", "run_project")),
         "bench": ("measured interleaved decode speed on this machine", *lazy("speed", "configure_bench_parser", "run_bench")),
@@ -503,6 +448,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
         "gate": ("compare a run record with a baseline (exit 1 on regression)", *lazy("gate", "configure_gate_parser", "run_gate")),
         "leaderboard": ("rebuild leaderboard tables from run records", *lazy("leaderboard", "configure_leaderboard_parser", "run_leaderboard")),
         "baseline": ("update or show baselines", *lazy("baselines", "configure_baseline_parser", "run_baseline")),
+        "sensitivity-scale": ("what each sensitivity means for the unit router, measured on a prompt file",
+                              *lazy("sensitivity_cli", "configure_parser", "run")),
         "tune": ("sweep sensitivity and recommend one", *lazy("tune", "configure_tune_parser", "run_tune")),
         "degradation": ("protective degradation on a held-out prompt file: rates, each error's cost, the check's cost",
                         *lazy("degradation_report", "configure_parser", "run")),

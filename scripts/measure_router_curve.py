@@ -51,16 +51,8 @@ TARGETS = (1, 2, 3, 4, 5, 6)  # blocks' worth of weight bytes not read per decod
 GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0)
 SEEDS = (0, 1, 2, 3, 4)
 
-TUNE_PROMPTS = (
-    "Explain how a refrigerator keeps food cold.",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Give JSON with fields title and year for the film Casablanca.",
-    "What is 45 plus 78? Show the steps.",
-    "Write four lines of a poem about the sea.",
-    "List three benefits of drinking water.",
-    "Summarize: A local school planted 200 trees this spring as part of a city-wide plan.",
-    "How does a compass find north?",
-)
+# the choosing split: the same prompts the sensitivity scale is fitted on
+from reference_engine.sensitivity_scale import TUNE_PROMPTS  # noqa: E402
 
 HELD_OUT_PROMPTS = (
     "Why do leaves change colour in the fall?",
@@ -286,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         held_source = str(args.held_out)
     tune_prompts, held_prompts = (TUNE_PROMPTS[:2], all_held[:3]) if args.smoke else (TUNE_PROMPTS, all_held)
     pred = engine.unit_predictor(progress=print)
+    # the curve's sensitivities are the router's own threshold scales, not the user scale
+    engine._raw_unit_scale = True
     L = engine.dims.n_layers
     blacklist = {0, L - 1}
     print(f"kernel {engine.decode_kernel}; predictor report {json.dumps(pred.report)[:400]}", flush=True)

@@ -37,12 +37,15 @@ STATIC_KINDS = ("shortgpt", "random")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    # One static row per kind and per lossy sensitivity of this session.
+    # One static row per kind and per lossy row of this session: the reference engine's lossy
+    # rows are the default (block) router and the unit router beside it (plan_configs).
     if "static_case" in metafunc.fixturenames:
         options = get_options(metafunc.config)
         sens = options.sensitivities if "lossy" in options.modes else ()
-        cases = [(kind, s) for s in sens for kind in STATIC_KINDS]
-        metafunc.parametrize("static_case", cases, ids=[f"{k}-matched-s={s:.2f}" for k, s in cases])
+        routers = (None, "unit") if options.engine == "reference" else (None,)
+        cases = [(kind, s, r) for s in sens for r in routers for kind in STATIC_KINDS]
+        metafunc.parametrize("static_case", cases,
+                             ids=[f"{k}-matched-s={s:.2f}" + (f"-{r}" if r else "") for k, s, r in cases])
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +131,11 @@ def test_static_baseline_at_matched_budget(static_case, rsp_options, rsp_configs
     measured bypass ratios bracket the lossy run's (0 blocks is reference/off) and recorded at the
     lossy ratio itself, interpolated linearly in measured ratio, as ``static-<kind>/k=<b>`` with
     b = k + t; the whole-block rows are recorded too."""
-    kind, s = static_case
-    lossy_id = format_config_id(rsp_options.engine, "lossy", s)
-    lossy = next(c for c in rsp_configs if c.config_id == lossy_id)
+    kind, s, router = static_case
+    lossy_id = format_config_id(rsp_options.engine, "lossy", s, **({"router": router} if router else {}))
+    lossy = next((c for c in rsp_configs if c.config_id == lossy_id), None)
+    if lossy is None:
+        pytest.skip(f"{lossy_id} is not run in this session (rsp_configs left it out)")
     lossy_values = measure(lossy)
     if "bypass_ratio" not in lossy_values:
         pytest.skip(f"{lossy_id} reports no bypass statistics; no budget to match")

@@ -87,7 +87,8 @@ def test_defaults_and_config_parametrization(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--rsp-quick", "--collect-only", "-q")
     result.stdout.fnmatch_lines(["*test_each_config?reference/off?*", "*test_each_config?reference/lossy/s=0.50?*"])
     result = pytester.runpytest("--collect-only", "-q", "--rsp-mode", "lossy,lossless")
-    assert sum("test_each_config[" in line for line in result.outlines) == 7  # off + 2 modes x 3 sensitivities
+    # off + lossy (block router, and the unit router beside it) x 3 sensitivities + lossless x 3
+    assert sum("test_each_config[" in line for line in result.outlines) == 10
     assert pytester.runpytest("--rsp-quick", "-k", "test_defaults").ret == 0  # never loads a model
 
 
@@ -190,7 +191,20 @@ def test_gate_failure_turns_the_session_red(pytester: pytest.Pytester, tiny_mode
     assert pytester.runpytest(*base_args, "--rsp-no-gate").ret == 0
 
 
-def test_fixtures_end_to_end_on_tiny_model(pytester: pytest.Pytester, tiny_model_dir: Path) -> None:
+def test_fixtures_end_to_end_on_tiny_model(pytester: pytest.Pytester, tiny_model_dir: Path,
+                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    # A cache with the tiny model's block-router calibration and no unit-router predictor (another
+    # test may have trained one): the unit router's row is then left out, whatever ran before.
+    cache = tmp_path / "cache"
+    shared = Path(os.environ["RSP_BENCH_CACHE"])
+    cache.mkdir()
+    for part in ("calibration", "models"):
+        if (shared / part).is_dir():
+            shutil.copytree(shared / part, cache / part)
+    monkeypatch.setenv("RSP_BENCH_CACHE", str(cache))
     pytester.makepyfile(test_e2e="""
         import pytest
         import torch
@@ -217,7 +231,8 @@ def test_fixtures_end_to_end_on_tiny_model(pytester: pytest.Pytester, tiny_model
             assert [c.config_id for c in rsp_configs] == ["reference/off", "reference/lossy/s=0.50"]
     """)
     result = pytester.runpytest("--rsp-model", str(tiny_model_dir), "--rsp-results", "out", "--rsp-quick", "-q")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=3, skipped=1)  # reference/lossy/s=0.50/router=unit: no predictor
+    assert any("no unit-router predictor" in line for line in result.outlines)
     [path] = _runs(pytester.path / "out")
     record = load_record(path)
     assert set(record["configurations"]) == {"reference/off", "reference/lossy/s=0.50"}

@@ -26,7 +26,27 @@ def unit_engine(tiny_engine):
     pred = up.train(tiny_engine.weights, tiny_engine.encode, tiny_engine.eos_id, tiny_engine.weights_sha256,
                     prompts=up.TRAIN_PROMPTS[:6], continuation_tokens=10)
     tiny_engine._unit_predictor = pred
-    return tiny_engine
+    # these tests read the router's own threshold scale; the user scale is tested on its own below
+    with tiny_engine.raw_unit_scale():
+        yield tiny_engine
+
+
+def test_the_user_sensitivity_goes_through_the_weights_scale(unit_engine):
+    from reference_engine.sensitivity_scale import SensitivityScale
+
+    sc = SensitivityScale(unit_engine.weights_sha256, ((0.05, 0.02), (0.5, 0.1), (2.0, 0.3)))
+    before = getattr(unit_engine, "_sensitivity_scale", None)
+    unit_engine._sensitivity_scale = sc
+    unit_engine._raw_unit_scale = False
+    try:
+        for s in (0.25, 0.5, 1.0):
+            assert _gen(unit_engine, sensitivity=s).stats["unit_threshold_scale"] == pytest.approx(sc.internal_for(s))
+        assert _gen(unit_engine, sensitivity=0.0).stats["bypassed_weight_bytes"] == 0
+        # the block router keeps its own meaning: no unit scale in its stats
+        assert _gen(unit_engine, router="block").stats["unit_threshold_scale"] is None
+    finally:
+        unit_engine._sensitivity_scale = before
+        unit_engine._raw_unit_scale = True
 
 
 def _gen(engine, **kw):
@@ -110,8 +130,8 @@ def test_bad_router_name_is_named(unit_engine):
 def test_calibrate_command_reports_the_predictor(unit_engine, capsys):
     import argparse
 
-    from rsp_bench.cli import _calibrate_unit_predictor
+    from rsp_bench.calibrate_cli import calibrate_unit_predictor
 
-    _calibrate_unit_predictor(unit_engine, argparse.Namespace(quiet=True, force=False))
+    calibrate_unit_predictor(unit_engine, argparse.Namespace(quiet=True, force=False))
     out = capsys.readouterr().out
     assert f"{2 * unit_engine.dims.n_layers} units" in out and "Spearman" in out and "trained in" in out

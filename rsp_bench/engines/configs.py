@@ -76,6 +76,15 @@ def plan_configs(engine: str, modes: Sequence[str], sensitivities: Sequence[floa
             planned.append((engine, mode, float(s)))
     specs = []
     for eng, mode, s in planned:
+        if eng == "reference" and mode == "lossy":
+            # the unit router beside the default (block) router at the same sensitivity, a
+            # comparison row with its own budgets ([lossy_unit] in budgets.toml)
+            specs.append(ConfigSpec(format_config_id(eng, mode, s), eng, mode, s, {},
+                                    pruning_config(mode, s) if with_pruning else None))
+            specs.append(ConfigSpec(format_config_id(eng, mode, s, router="unit"), eng, mode, s,
+                                    {"router": "unit"},
+                                    pruning_config(mode, s, router="unit") if with_pruning else None))
+            continue
         pruning = pruning_config(mode, s) if with_pruning and eng == "reference" else None
         if with_pruning and eng != "reference":
             # A user's engine may still read the reference knobs; give them when they are valid.
