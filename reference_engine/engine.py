@@ -363,7 +363,7 @@ class Engine(UnitRouting):
                                  float(bypassed[b]) / (dims.n_layers * n_tok)) if n_tok else 0.0,
                 "bypassed_weight_bytes": int(bytes_saved[b]) if unit else int(bypassed[b]) * block_bytes,
                 "units_bypassed": int(units_bypassed[b]) if unit else 2 * int(bypassed[b]),
-                "router": cfg.router,
+                "router": cfg.router if prunes else None,  # None: no router ran (mode off, static, lossless)
                 "unit_threshold_scale": router.internal_sensitivity if prunes_unit and router is not None else None,
                 "degraded": r.degraded_reason is not None,
                 "degraded_reason": r.degraded_reason,
@@ -565,7 +565,7 @@ class Engine(UnitRouting):
                 "event": "request", "request": b, "layers_bypassed": s["layers_bypassed"],
                 "total_tokens": s["total_tokens"], "bypass_ratio": round(s["bypass_ratio"], 6),
                 "degraded": s["degraded"], "degraded_reason": s["degraded_reason"],
-                "mode": s["mode"], "sensitivity": s["sensitivity"],
+                "mode": s["mode"], "sensitivity": s["sensitivity"], "router": s.get("router"),
             }))
         if log_file is not None:
             log_file.write("\n".join(lines) + "\n")

@@ -255,6 +255,9 @@ def _configure_generate(p: argparse.ArgumentParser) -> None:
                    help=f"engine logs as JSON lines: {', '.join(LOG_LEVELS)}")
     p.add_argument("--log-file", default=None, metavar="FILE",
                    help="append the JSON-lines logs to FILE (default: stderr)")
+    p.add_argument("--router", type=_choice("--router", ("block", "unit")), default="block",
+                   help="the lossy router: block (default; sensitivity scales its threshold) or unit (attention "
+                        "and MLP apart; sensitivity asks for about sensitivity x 20%% of the weight bytes not read)")
     p.add_argument("--mode", type=_choice("--mode", GENERATE_MODES), default="lossy",
                    help="off (full model), lossy (the router bypasses blocks) or lossless (pruned drafts, "
                         "full verification: the output equals off)")
@@ -302,7 +305,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     # Everything that needs no model is checked first, and the named files opened first: a typo
     # must fail in a second, not after the weights load.
-    kw = {"sensitivity": args.sensitivity, "log_level": args.log_level, "mode": args.mode}
+    kw = {"sensitivity": args.sensitivity, "log_level": args.log_level, "mode": args.mode, "router": args.router}
     if args.blacklist is not None:
         kw["layer_blacklist"] = args.blacklist
     config = PruningConfig(**kw)
@@ -337,8 +340,11 @@ def _run_generate(args: argparse.Namespace) -> int:
         print(res.text)
         s = res.stats
         deg = f", degraded ({s['degraded_reason']})" if s["degraded"] else ""
-        print(f"[{s['total_tokens']} tokens, {s['layers_bypassed']} block-steps bypassed "
-              f"({s['bypass_ratio']:.1%}), mode {s['mode']}, sensitivity {s['sensitivity']}{deg}]",
+        router = f", {s['router']} router" if s.get("router") else ""
+        # the unit router skips parts of blocks: its count is in blocks' worth of weight bytes
+        what = "blocks' worth of steps" if s.get("router") == "unit" else "block-steps"
+        print(f"[{s['total_tokens']} tokens, {s['layers_bypassed']} {what} bypassed "
+              f"({s['bypass_ratio']:.1%}), mode {s['mode']}{router}, sensitivity {s['sensitivity']}{deg}]",
               file=sys.stderr)
     return 0
 

@@ -67,6 +67,24 @@ def test_chat_stats_header_and_body_agree(client, tiny_engine):
     assert body["pruning"]["layers_bypassed"] == ref.stats["layers_bypassed"]
 
 
+def test_router_knob_in_header_and_body_and_its_stats(client, tiny_engine, monkeypatch):
+    r = chat(client)
+    assert parse_stats(r.headers["X-Pruning-Stats"])["router"] == "block" == r.json()["pruning"]["router"]
+    r = chat(client, headers={"X-Pruning-Router": "sideways"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Pruning-Router"
+    assert "sideways" in r.json()["error"]["message"]
+    r = chat(client, pruning={"router": "diagonal"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "pruning.router"
+    # the unit router where no predictor exists for the weights: a 400 naming the knob, never a
+    # half-hour training inside the request
+    monkeypatch.setattr(tiny_engine, "unit_predictor_available", lambda: False)
+    r = chat(client, headers={"X-Pruning-Router": "unit"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Pruning-Router"
+    assert "rsp-bench calibrate" in r.json()["error"]["message"]
+    r = chat(client, pruning={"router": "unit", "mode": "off"})  # nothing to route: served
+    assert r.status_code == 200 and r.json()["pruning"]["router"] is None
+
+
 def test_body_pruning_wins_over_header(client):
     r = chat(client, headers={"X-Pruning-Sensitivity": "0.8"}, pruning={"sensitivity": 0.3})
     assert r.json()["pruning"]["sensitivity"] == 0.3

@@ -166,6 +166,11 @@ def create_app(engine: "Engine", settings: ServerSettings) -> Guard:
 
     def config_for(request: Request, body: Any) -> PruningConfig:
         cfg = request_config(settings.default_config, request.headers, body.pruning, engine.dims.n_layers)
+        if cfg.router == "unit" and cfg.prunes and not engine.unit_predictor_available():
+            where = "pruning.router" if body.pruning and body.pruning.router else "X-Pruning-Router"
+            # training a predictor takes about half an hour of CPU: never inside a request
+            raise APIError(400, f"{where} 'unit': no unit-router predictor for this model's weights; "
+                                "`rsp-bench calibrate --model ...` trains one", where, code="invalid_value")
         if cfg.log_level != settings.default_config.log_level:
             where = "pruning.log_level" if body.pruning and body.pruning.log_level else "X-Pruning-Log-Level"
             L.check_log_level(cfg.log_level, where, lim)

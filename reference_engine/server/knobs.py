@@ -9,6 +9,7 @@ gateway), so the more specific source wins.
     X-Pruning-Blacklist            comma list of block indices ("" = none)
     X-Pruning-Log-Level            NONE, SUMMARY or DETAILED
     X-Pruning-Mode                 off, lossy, lossless or static
+    X-Pruning-Router               block (the default) or unit: which lossy router decides
     X-Pruning-Hardware-Watermark   number in [0, 1] (pins the load factor; suites pin 0.0)
 
 Every bad value raises ``APIError`` (a 400) naming the header or field and the value.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from ..config import PruningConfig, parse_blacklist
+from ..config import ROUTERS, PruningConfig, parse_blacklist
 from ..errors import EngineInputError
 from .schemas import PruningBody
 
@@ -29,6 +30,7 @@ HEADERS = {
     "blacklist": "X-Pruning-Blacklist",
     "log_level": "X-Pruning-Log-Level",
     "mode": "X-Pruning-Mode",
+    "router": "X-Pruning-Router",
     "hardware_watermark": "X-Pruning-Hardware-Watermark",
 }
 SERVED_MODES = ("off", "lossy", "lossless", "static")
@@ -96,6 +98,11 @@ def request_config(default: PruningConfig, headers: Mapping[str, str], body: Pru
                     raise APIError(400, f"{where} must be one of {', '.join(SERVED_MODES)}, got {raw!r}", where,
                                    code="invalid_value")
                 changes["mode"] = raw
+            elif knob == "router":
+                if raw not in ROUTERS:
+                    raise APIError(400, f"{where} must be one of {', '.join(ROUTERS)}, got {raw!r}", where,
+                                   code="invalid_value")
+                changes["router"] = raw
             # Validate each knob alone so the error names the header or field that was wrong.
             cfg = default.override(**{k: v for k, v in changes.items()})
             cfg.blacklist_for(n_layers)
@@ -118,6 +125,7 @@ def stats_header(stats: Mapping[str, Any]) -> str:
         # but strip separators in case a future reason carries them
         f"degraded_reason={str(reason).replace(',', ';').replace('=', ':') if reason else 'none'}",
         f"mode={stats['mode']}",
+        f"router={stats.get('router') or 'none'}",
         f"blocks={int(stats['blocks'])}",
         f"detector={stats.get('detector') or 'none'}",
     ]

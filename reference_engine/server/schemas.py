@@ -31,6 +31,7 @@ class PruningBody(BaseModel):
     blacklist: Union[list[int], str, None] = None  # a list of block indices or a comma list
     log_level: str | None = None
     mode: str | None = None
+    router: str | None = None
     hardware_watermark: float | None = None
 
 
@@ -149,6 +150,7 @@ class PruningStats(BaseModel):
     blocks: int
     batch_size: int = 1  # requests decoded together with this one (1: alone); see runner.py
     detector: str | None = None  # the degradation detector that judged the prompt (None: no check ran)
+    router: str | None = None  # the lossy router that decided ("block" or "unit"; None: none ran)
 
 
 class Usage(BaseModel):
