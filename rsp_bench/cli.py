@@ -454,6 +454,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
         "gate": ("compare a run record with a baseline (exit 1 on regression)", *lazy("gate", "configure_gate_parser", "run_gate")),
         "leaderboard": ("rebuild leaderboard tables from run records", *lazy("leaderboard", "configure_leaderboard_parser", "run_leaderboard")),
         "baseline": ("update or show baselines", *lazy("baselines", "configure_baseline_parser", "run_baseline")),
+        "router-curve": ("the unit router's quality/speed curve against static removal of the same bytes (~35 min)",
+                         *lazy("router_curve_measure", "configure_parser", "run")),
         "sensitivity-scale": ("what each sensitivity means for the unit router, measured on a prompt file",
                               *lazy("sensitivity_cli", "configure_parser", "run")),
         "tune": ("sweep sensitivity and recommend one", *lazy("tune", "configure_tune_parser", "run_tune")),

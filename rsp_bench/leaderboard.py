@@ -16,7 +16,7 @@ configurations marked), and a short "what changed" list between the newest recor
 section and the one before it. Projected GPU figures (modelled from datasheet profiles, not
 measured) go in their own table, as do the protective-degradation rates. Records drawn on other
 prompt subsets (``--rsp-subset-seed``) are left out and counted. When the results folder holds
-``router_curve*.json`` files (scripts/measure_router_curve.py, one per held-out prompt set), the unit
+``router_curve*.json`` files (`rsp-bench router-curve`, one per held-out prompt set), the unit
 router's curves against static and random removal at equal bytes close the board
 (``rsp_bench.router_curve``).
 

@@ -1,6 +1,6 @@
 """The unit router's quality/speed curve as a leaderboard table.
 
-``scripts/measure_router_curve.py`` writes ``results/router_curve.json``: on prompts nobody tuned
+``rsp-bench router-curve`` (rsp_bench/router_curve_measure.py) writes ``results/router_curve.json``: on prompts nobody tuned
 to, per sensitivity, the router's teacher-forced top-1 agreement and KL at the weight bytes it
 actually skipped, static removal (several rankings) and random removal interpolated at the same
 bytes, and interleaved speed-ups against the ideal from the bytes not read. This module reads

@@ -80,6 +80,13 @@ NO_MODEL_CASES = [
     (["gate", "--run", "/no/such/run.json"], ["--run", "/no/such/run.json"]),
     (["leaderboard", "--results", "/no/such/results"], ["--results", "/no/such/results"]),
     (["tune", "--from-table", "/no/such/tune.csv"], ["--from-table", "/no/such/tune.csv"]),
+    (["generate", "hi", "--router", "diagonal"], ["--router", "'diagonal'", "block, unit"]),
+    (["sensitivity-scale", "--sensitivities", "0,2"], ["--sensitivities", "'0,2'", "(0, 1]"]),
+    (["sensitivity-scale", "--prompts", "/no/such/prompts.jsonl"], ["--prompts", "/no/such/prompts.jsonl"]),
+    (["sensitivity-scale", "--tokens", "1"], ["--tokens", ">= 2"]),
+    (["router-curve", "--tokens", "2"], ["--tokens", ">= 4"]),
+    (["router-curve", "--held-out", "/no/such/held.jsonl"], ["--held-out", "/no/such/held.jsonl"]),
+    (["router-curve", "--tune-from", "/no/such/curve.json"], ["--tune-from", "/no/such/curve.json"]),
 ]
 
 

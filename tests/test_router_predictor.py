@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -26,9 +25,7 @@ def _fixture_text() -> str:
 
 
 def test_training_and_curve_prompts_are_not_in_the_fixtures() -> None:
-    spec = importlib.util.spec_from_file_location("curve", ROOT / "scripts" / "measure_router_curve.py")
-    curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(curve)
+    from rsp_bench import router_curve_measure as curve
     text = _fixture_text()
     assert len(text) > 1000  # the fixtures were read
     sets = {"train": up.TRAIN_PROMPTS, "tune": curve.TUNE_PROMPTS, "held-out": curve.HELD_OUT_PROMPTS}

@@ -1,6 +1,8 @@
-"""The unit router's quality/speed curve against static and random removal at equal weight bytes.
+"""``rsp-bench router-curve``: the unit router's quality/speed curve against static and random
+removal at equal weight bytes (the README's curve tables; ``rsp_bench.router_curve`` renders the
+result on the leaderboard).
 
-    .venv/bin/python scripts/measure_router_curve.py [--out results/router_curve.json] [--tokens 32]
+    rsp-bench router-curve [--out results/router_curve.json] [--tokens 32] [--held-out FILE]
 
 1. Sensitivities are chosen on TUNE_PROMPTS (never on the held-out ones): a grid of
    sensitivities is run there and, for each target of 1..6 blocks' worth of weight bytes not
@@ -21,7 +23,11 @@
    The first and last blocks are excluded for all three (the router's default blacklist).
 3. Speed: greedy decode, pruning off vs the router, interleaved A B A B in this process, on the
    engine's kernel; the ideal speed-up from the bytes not read; the router time per token.
-Writes the JSON atomically.
+Writes the JSON atomically. The sensitivities here are the router's own threshold scales
+(``Engine.raw_unit_scale``), not the user scale of reference_engine/sensitivity_scale.py.
+
+Must not import the pytest plugin; imports torch and the engine (it is loaded only when the
+command runs).
 """
 
 from __future__ import annotations
@@ -38,21 +44,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from reference_engine import Engine
+from reference_engine.model import forward_units
+from reference_engine.sensitivity_scale import TUNE_PROMPTS
+from reference_engine.unit_predictor import unit_bytes
+from rsp_bench import metrics
+from rsp_bench.engines.reference import random_units, shortgpt_units, unit_budget_bracket
 
-from reference_engine import Engine  # noqa: E402
-from reference_engine.model import forward_units  # noqa: E402
-from reference_engine.unit_predictor import unit_bytes  # noqa: E402
-from rsp_bench import metrics  # noqa: E402
-from rsp_bench.engines.reference import random_units, shortgpt_units, unit_budget_bracket  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGETS = (1, 2, 3, 4, 5, 6)  # blocks' worth of weight bytes not read per decode token
 GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0)
 SEEDS = (0, 1, 2, 3, 4)
 
-# the choosing split: the same prompts the sensitivity scale is fitted on
-from reference_engine.sensitivity_scale import TUNE_PROMPTS  # noqa: E402
+# TUNE_PROMPTS (imported above) are the choosing split: the same prompts the sensitivity scale is fitted on
 
 HELD_OUT_PROMPTS = (
     "Why do leaves change colour in the fall?",
@@ -238,12 +243,15 @@ def speed(engine: Engine, prompts: list[str], sens: list[float], n: int, rounds:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "router_curve.json")
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--speed-prompts", type=int, default=4)
-    ap.add_argument("--speed-rounds", type=int, default=2)
+def configure_parser(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "router_curve.json",
+                    help="the JSON result, written atomically (default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=32,
+                    help="tokens of each prompt's unpruned continuation, teacher-forced (default: %(default)s)")
+    ap.add_argument("--speed-prompts", type=int, default=4,
+                    help="held-out prompts in the interleaved speed runs (default: %(default)s)")
+    ap.add_argument("--speed-rounds", type=int, default=2,
+                    help="A B rounds per prompt and sensitivity in the speed runs (default: %(default)s)")
     ap.add_argument("--model", default=None, help="a local model folder or .gguf (default: the embedded one)")
     ap.add_argument("--smoke", action="store_true", help="2 tune and 3 held-out prompts: checks the script runs")
     ap.add_argument("--threads", type=int, default=None, help="torch / native kernel threads (default: torch's)")
@@ -254,15 +262,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="what else ran on the machine while measuring, recorded as the result's load_note")
     ap.add_argument("--tune-from", type=Path, default=None,
                     help="reuse the tune grid and chosen sensitivities of an earlier result (skips step 1)")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.tokens < 4:
-        print(f"--tokens must be >= 4, got {args.tokens}", file=sys.stderr)
+        print(f"rsp-bench router-curve: error: --tokens must be >= 4, got {args.tokens}", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
-    torch.set_grad_enabled(False)
-    engine = Engine.load(args.model)
     held_source = "built-in HELD_OUT_PROMPTS (a development set: used to compare router designs)"
     all_held: tuple[str, ...] = HELD_OUT_PROMPTS
     if args.held_out is not None:
@@ -270,12 +277,23 @@ def main(argv: list[str] | None = None) -> int:
             all_held = tuple(json.loads(line)["text"] for line in args.held_out.read_text(encoding="utf-8").splitlines()
                              if line.strip())
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"--held-out {args.held_out}: not a JSONL file of objects with a \"text\" ({exc})", file=sys.stderr)
+            print(f"rsp-bench router-curve: error: --held-out {args.held_out}: not a JSONL file of objects with a \"text\" ({exc})", file=sys.stderr)
             return 2
         if not all_held:
-            print(f"--held-out {args.held_out}: no prompts", file=sys.stderr)
+            print(f"rsp-bench router-curve: error: --held-out {args.held_out}: no prompts", file=sys.stderr)
             return 2
         held_source = str(args.held_out)
+    if args.tune_from is not None:
+        try:
+            grid = json.loads(args.tune_from.read_text())["tune_grid"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"rsp-bench router-curve: error: --tune-from {args.tune_from}: not a result of this command ({exc})",
+                  file=sys.stderr)
+            return 2
+    # every input checked before the weights load: a typo fails in a second
+    t0 = time.perf_counter()
+    torch.set_grad_enabled(False)
+    engine = Engine.load(args.model)
     tune_prompts, held_prompts = (TUNE_PROMPTS[:2], all_held[:3]) if args.smoke else (TUNE_PROMPTS, all_held)
     pred = engine.unit_predictor(progress=print)
     # the curve's sensitivities are the router's own threshold scales, not the user scale
@@ -284,14 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     blacklist = {0, L - 1}
     print(f"kernel {engine.decode_kernel}; predictor report {json.dumps(pred.report)[:400]}", flush=True)
 
-    if args.tune_from is not None:
-        try:
-            earlier = json.loads(args.tune_from.read_text())
-            grid = earlier["tune_grid"]
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"--tune-from {args.tune_from}: not a result of this script ({exc})", file=sys.stderr)
-            return 2
-    else:
+    if args.tune_from is None:
         tune = [Case(engine, p, args.tokens) for p in tune_prompts]
         grid = []
         for s in GRID:
@@ -327,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                args.tokens, args.speed_rounds)
     result = {
         "what": "unit router vs static (Block Influence per unit) and random per-unit removal at equal weight bytes",
-        "command": "python scripts/measure_router_curve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "rsp-bench router-curve " + " ".join(sys.argv[2:]),
         "model": engine.name, "weights_sha256": engine.weights_sha256, "kernel": engine.decode_kernel,
         "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
         "load_note": args.load_note, "held_out_source": held_source,
@@ -339,7 +350,3 @@ def main(argv: list[str] | None = None) -> int:
     _write_atomic(args.out, json.dumps(result, indent=1))
     print(f"wrote {args.out} in {result['seconds']} s")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
