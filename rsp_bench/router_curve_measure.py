@@ -283,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"rsp-bench router-curve: error: --held-out {args.held_out}: no prompts", file=sys.stderr)
             return 2
         held_source = str(args.held_out)
+    grid = None
     if args.tune_from is not None:
         try:
             grid = json.loads(args.tune_from.read_text())["tune_grid"]
@@ -297,12 +298,16 @@ def run(args: argparse.Namespace) -> int:
     tune_prompts, held_prompts = (TUNE_PROMPTS[:2], all_held[:3]) if args.smoke else (TUNE_PROMPTS, all_held)
     pred = engine.unit_predictor(progress=print)
     # the curve's sensitivities are the router's own threshold scales, not the user scale
-    engine._raw_unit_scale = True
+    with engine.raw_unit_scale():
+        return _measure(args, engine, pred, tune_prompts, held_prompts, held_source, grid, t0)
+
+
+def _measure(args, engine, pred, tune_prompts, held_prompts, held_source, grid, t0) -> int:
     L = engine.dims.n_layers
     blacklist = {0, L - 1}
     print(f"kernel {engine.decode_kernel}; predictor report {json.dumps(pred.report)[:400]}", flush=True)
 
-    if args.tune_from is None:
+    if grid is None:
         tune = [Case(engine, p, args.tokens) for p in tune_prompts]
         grid = []
         for s in GRID:
