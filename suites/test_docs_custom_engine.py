@@ -52,22 +52,6 @@ def _page_folder(root: Path, adapter_code: str, conftest_code: str) -> Path:
     return root
 
 
-def _inner_cache(root: Path) -> Path:
-    """The inner sessions' engine cache: their own (reference outputs, calibrations), with the
-    outer session's converted weights and compiled decode kernel linked in. Both are keyed by
-    their content (the GGUF's digest; the kernel source, compiler and flags), so reusing them
-    changes no figure, and it spares the first inner session the ~20 s de-quantization of the
-    GGUF and the kernel's compile."""
-    from reference_engine.model_loading import cache_root  # stdlib only: no torch here
-
-    shared = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    for part in ("models", "native"):
-        if (shared / part).is_dir():
-            (root / part).symlink_to(shared / part, target_is_directory=True)
-    return root
-
-
 def _start(folder: Path, home: Path, args: list[str]) -> subprocess.Popen:
     """pytest in its own process in ``folder`` (which is on its PYTHONPATH, as the page asks),
     its output to a file: two of these run at once and neither may block on a full pipe. As
@@ -76,7 +60,6 @@ def _start(folder: Path, home: Path, args: list[str]) -> subprocess.Popen:
     PYTEST_ADDOPTS."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "TOX_ENV_DIR")}
     env.update(HOME=str(home), USERPROFILE=str(home), OMP_NUM_THREADS=INNER_THREADS, MKL_NUM_THREADS=INNER_THREADS,
-               RSP_BENCH_CACHE=str(home / "rsp-bench-cache"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "pytest", f"--basetemp={folder / 'tmp'}", *args]
     with open(folder / "session.log", "w", encoding="utf-8") as log:
@@ -111,7 +94,6 @@ def test_example_engine_is_baselined_gated_and_caught_when_worse(tmp_path: Path,
 
     home = tmp_path / "home"
     home.mkdir()
-    _inner_cache(home / "rsp-bench-cache")
     code, out = _finish(_start(as_written, home, [*args, "--rsp-update-baseline", "--rsp-reason", "docs example"]),
                         as_written)
     assert code == 0, out[-3000:]
