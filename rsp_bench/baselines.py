@@ -8,9 +8,10 @@ Two kinds, because quality and speed travel differently:
   ``scripts/measure_float_order.py``), so they are gated on any machine. Except for the
   engines of ``QUALITY_PER_MACHINE``, whose outputs depend on the CPU's instruction set: their
   quality baseline is per machine fingerprint (``...__<engine>__<fingerprint>.quality.json``),
-  and on a machine that has none the gate judges each figure against the least favourable of
-  the machines that have one (``extra.quality_machines`` says which), so a new machine is
-  still gated, never red for being new;
+  and the gate judges each figure against the least favourable of every machine that has one,
+  the run's own included (``extra.quality_machines`` says which): a new machine is still gated,
+  never red for being new, and a known fingerprint running another instruction set (measured:
+  an AMD EPYC host without and then with AVX-512) is not red either;
 * a **speed baseline** per model, engine and machine fingerprint,
   ``<baselines>/<model>__<weights>__<engine>__<fingerprint>.speed.json``: timings are
   only comparable on one kind of machine and one version of the engine's code. Each update
@@ -275,16 +276,20 @@ def load_baseline(baselines_dir: str | os.PathLike[str], record: Mapping[str, An
     """
     qpath, spath = quality_baseline_path(baselines_dir, record), speed_baseline_path(baselines_dir, record)
     quality = speed = None
-    if qpath.exists():
-        quality = _with_samples(qpath, load_record(qpath))
-        _check_same(qpath, quality, record, (("model", "name"), ("model", "weights_sha256")))
-    elif quality_per_machine(record):
+    if quality_per_machine(record):
+        # Judged against every machine's figures, its own included: the same fingerprint was
+        # measured giving two sets (an AMD EPYC host without, then with AVX-512: llama.cpp's
+        # quantized kernels follow the instruction set, which the fingerprint does not name), so
+        # a machine's own file is not the only numerics it may run.
         others = sorted(Path(baselines_dir).glob(f"{glob_escape(_stem(record))}__*.quality.json"))
         if others:
             loaded = [load_record(p) for p in others]
             for p, q in zip(others, loaded):
                 _check_same(p, q, record, (("model", "name"), ("model", "weights_sha256")))
             quality = least_favourable(loaded)
+    elif qpath.exists():
+        quality = _with_samples(qpath, load_record(qpath))
+        _check_same(qpath, quality, record, (("model", "name"), ("model", "weights_sha256")))
     if spath.exists():
         speed = _with_samples(spath, load_record(spath))
         _check_same(spath, speed, record, (("model", "name"), ("model", "weights_sha256"), ("machine", "fingerprint")))

@@ -23,8 +23,9 @@ Metrics or configurations on one side only are "new" / "missing": reported, neve
 there a configuration with no baseline, a configuration or metric the run lost (when run and
 baseline are the same size), a quality metric the baseline lacks, or a comparison that gated
 nothing, fails.
-A baseline metric with a ``range`` (several machines' quality baselines, none of this machine's:
-``rsp_bench.baselines.least_favourable``) is judged against its least favourable bound.
+A baseline metric with a ``range`` (several machines' quality baselines:
+``rsp_bench.baselines.least_favourable``) regresses only past its least favourable bound and
+improves only past its most favourable one.
 Timing metrics (``rsp_bench.baselines.metric_scope`` "machine") are "info" when there is no
 speed baseline for this machine, when it is stale (made by other engine code) or when the
 timings were taken under contention: reported, not gated, and the summary says so in one line
@@ -310,10 +311,13 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
     b, v = float(base["value"]), float(now["value"])
     rule = policy.rule_for(metric)
     machines_note = ""
+    favourable = None
     if rule is not None and rule.direction != "none" and isinstance(base.get("range"), list):
-        # Several machines' baselines, none of this machine (rsp_bench.baselines.least_favourable).
+        # Several machines' baselines (rsp_bench.baselines.least_favourable): a regression is
+        # judged against the least favourable bound, an improvement against the most favourable.
         lo, hi = (float(x) for x in base["range"])
         b = lo if rule.direction == "higher" else hi
+        favourable = hi if rule.direction == "higher" else lo
         if lo != hi:
             machines_note = f"least favourable of the known machines ({lo:.4g}-{hi:.4g})"
     if rule is None or rule.direction == "none":
@@ -340,6 +344,9 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
     worse = -change if rule.direction == "higher" else change
     beyond = worse > tolerance + _EPS
     better = -worse > tolerance + _EPS
+    if better and favourable is not None:
+        gain = (v - favourable) if kind == "abs" else ((v - favourable) / abs(favourable) if favourable else 0.0)
+        better = (gain if rule.direction == "higher" else -gain) > tolerance + _EPS
     p_value = None
     note = ""
     samples_worse = None
