@@ -430,9 +430,14 @@ def update_baseline(
         "baseline_reason": (reason or "").strip() or None,
     }
     previous = load_baseline(baselines_dir, record)
+    qpath = quality_baseline_path(baselines_dir, record)
+    # what moved is this file's own change: for a per-machine engine the gate's baseline merges
+    # every machine's figures, but the file written here is this machine's alone
+    old_quality = load_record(qpath) if quality_per_machine(record) and qpath.exists() else (
+        None if quality_per_machine(record) else previous.quality)
     quality, speed = split_by_scope(record)
     written = []
-    for half, old, path in ((quality, previous.quality, quality_baseline_path(baselines_dir, record)),
+    for half, old, path in ((quality, old_quality, qpath),
                             (speed, previous.speed, speed_baseline_path(baselines_dir, record))):
         if half is None:
             continue

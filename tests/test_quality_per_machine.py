@@ -91,3 +91,12 @@ def test_a_range_in_a_record_is_validated() -> None:
     bad["configurations"][CONFIG]["metrics"]["json_field_f1"]["range"] = "wide"
     with pytest.raises(RecordError, match=r"range.*expected \[min, max\]"):
         validate_record(bad)
+
+
+def test_a_per_machine_update_reports_what_moved_against_its_own_file(tmp_path) -> None:
+    update_baseline(_record("aaaaaaaaaaaa", 0.25), tmp_path)
+    update_baseline(_record("bbbbbbbbbbbb", 0.15), tmp_path)
+    moved: list = []
+    update_baseline(_record("bbbbbbbbbbbb", 0.16), tmp_path, moved=moved)
+    [row] = [r for r in moved if r[1] == "json_field_f1"]
+    assert float(row[2]) == pytest.approx(0.15) and float(row[3]) == pytest.approx(0.16)  # b's own, not a's
