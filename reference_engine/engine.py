@@ -432,7 +432,8 @@ class Engine(UnitRouting):
             if reason is None and det is not None:
                 lo, hi = ood.content_span(r.ids, *self._template_ends())
                 reason = ood.judge(det, self.weights, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
-                                   self._pieces, self._byte_ids())
+                                   self._pieces, self._byte_ids(),
+                                   lambda r=r, lo=lo, hi=hi: self._request_tokens(r.prompt, r.ids, lo, hi))
             elif reason is None:
                 reason = self._legacy_model_checks(b, r, hidden, cal)
             r.degraded_reason = r.degraded_reason or reason
@@ -479,6 +480,24 @@ class Engine(UnitRouting):
         if getattr(self, "_piece_table", None) is None:
             self._piece_table = request_words.pieces(self.tokenizer.decode, self.dims.vocab)
         return self._piece_table
+
+    def _request_tokens(self, prompt: str, ids: Sequence[int], lo: int, hi: int) -> list[int] | None:
+        """Indices into ``ids`` of the prompt's request words, found in its text and mapped through
+        the tokenizer's character offsets (``request_words.text_request_tokens``). The text is the
+        prompt as given, else the content decoded from ``ids[lo:hi]`` (a teacher-forced row holds
+        the templated text), whichever tokenizes alone to exactly those ids; None when neither
+        does or the tokenizer gives no offsets (then vocabulary pieces stand in)."""
+        content = list(ids[lo:hi])
+        for text in (prompt, None):
+            if text is None:
+                text = self.tokenizer.decode(content)
+            try:
+                enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            except (NotImplementedError, ValueError, TypeError):
+                return None
+            if list(enc["input_ids"]) == content:
+                return [lo + i for i in request_words.text_request_tokens(text, enc["offset_mapping"])]
+        return None
 
     def _byte_ids(self) -> frozenset[int]:
         if getattr(self, "_bytes", None) is None:

@@ -110,7 +110,7 @@ def byte_piece_ids(decode: Callable[[list[int]], str], vocab: int, scan: int = 1
 _native_gemv: Callable | None | bool = None  # decode_native.gemv once loaded, False when unavailable
 
 
-def _few_rows_gemv() -> Callable | None:
+def _native_head_gemv() -> Callable | None:
     global _native_gemv
     if _native_gemv is None:
         try:
@@ -125,13 +125,15 @@ def _few_rows_gemv() -> Callable | None:
 
 def _loss_and_entropy(w: ModelWeights, h: torch.Tensor, targets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Loss of ``targets`` and next-token entropy (nats) at the final-stream rows ``h`` [m, D]:
-    the check's one pass over the output matrix, its largest cost. On 2 cores (torch 2.13, MKL)
-    the decode kernel's own GEMV took 3.5 / 11.2 ms for 2 / 7 rows against 24.9 / 37.2 ms for
-    F.linear and 5.8 / 18.6 ms for the matrix as left operand; from 15 rows on F.linear is as
-    fast or faster (48 rows: 34-40 ms against the GEMV's 58). One exponential pass gives both
-    figures: H = logsumexp - E_p[logit]."""
+    the check's one pass over the output matrix, its largest cost. The decode kernel's GEMV
+    streams the matrix once for all rows (4 weight rows against 4 stream rows per pass over k,
+    ``gemv_multi``); on 2 cores (torch 2.13, MKL) it took 4.3 / 6.6 / 8.8 / 24.9 ms for
+    1 / 8 / 13 / 48 rows against 12 / 24 ms for F.linear at 1 / 12 rows (the 2-core AMD EPYC
+    runner, 2026-12-03), and each row's logits are the same bits whatever the row count
+    (``tests/test_decode_kernels.py``). One exponential pass gives both figures:
+    H = logsumexp - E_p[logit]."""
     x = rms_norm(h, w.final_norm, w.dims.rms_eps)
-    native = _few_rows_gemv() if len(x) <= 8 else None
+    native = _native_head_gemv()
     logits = native(w.lm_head, x) if native is not None else F.linear(x, w.lm_head)  # [m, V]
     lse = torch.logsumexp(logits, -1)
     p = torch.exp(logits - lse[:, None])
@@ -189,19 +191,25 @@ def subset_stats(w: ModelWeights, hidden: Sequence[torch.Tensor], row: int, offs
 
 def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], row: int, offset: int,
           ids: Sequence[int], lo: int, hi: int, n_chars: int, pieces: Callable[[], request_words.Pieces],
-          byte_ids: frozenset[int] = frozenset()) -> str | None:
+          byte_ids: frozenset[int] = frozenset(),
+          request_tokens: Callable[[], list[int] | None] | None = None) -> str | None:
     """The degradation reason for one prefilled prompt (None: prune). The score judges the whole
     content; a whole that looks odd is judged again on its request words alone
     (``degradation.request_words``), and a request that reads as ordinary language is a request
-    carrying data, not odd input. Norms outside the band are never excused. ``pieces`` gives the
-    vocabulary's piece table; it is asked for only when the whole looks odd (decoding the
+    carrying data, not odd input. Norms outside the band are never excused. ``request_tokens``
+    gives the request words' indices into ``ids`` from the prompt's text (None where the
+    tokenizer gives no offsets: then whole-word vocabulary pieces stand in); ``pieces`` gives the
+    vocabulary's piece table. Both are asked for only when the whole looks odd (decoding the
     vocabulary takes about a second, once per engine)."""
     whole = prompt_stats(w, hidden, row, offset, ids, lo, hi, n_chars, byte_ids)
     reason = det.reason(whole)
     if reason != "ood_score":
         return reason
     table = pieces()
-    words = request_words.request_tokens(ids, max(lo, 1), hi, table.classes)
+    words = request_tokens() if request_tokens is not None else None
+    if words is None:
+        words = request_words.request_tokens(ids, max(lo, 1), hi, table.classes)
+    words = [i for i in words if max(lo, 1) <= i < hi]
     if words and det.score(subset_stats(w, hidden, row, offset, ids, words, whole, table, byte_ids)) <= det.threshold:
         return None
     return reason

@@ -231,12 +231,13 @@ def _progress(label: str, quiet: bool) -> Callable[[int, int], None]:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=Path, default=Path("fixtures/degradation_heldout_2026-12-03/prompts.jsonl"),
-                   help="prompt file (default: the held-out split, fixtures/degradation_heldout_2026-12-03/"
-                        "prompts.jsonl; fixtures/degradation_heldout/ is the development split since 2026-12-03)")
+    p.add_argument("--prompts", type=Path, default=Path("fixtures/degradation_heldout_2026-12-03b/prompts.jsonl"),
+                   help="prompt file (default: the held-out split, fixtures/degradation_heldout_2026-12-03b/"
+                        "prompts.jsonl; fixtures/degradation_heldout/ and fixtures/degradation_heldout_2026-12-03/ "
+                        "are development splits)")
     p.add_argument("--model", default=None, help="model folder or name (default: the embedded model)")
-    p.add_argument("--out", type=Path, default=Path("results/degradation_heldout_2026-12-03.json"),
-                   help="JSON report, written atomically (default: results/degradation_heldout_2026-12-03.json)")
+    p.add_argument("--out", type=Path, default=Path("results/degradation_heldout_2026-12-03b.json"),
+                   help="JSON report, written atomically (default: results/degradation_heldout_2026-12-03b.json)")
     p.add_argument("--damage-tokens", type=int, default=16,
                    help="continuation tokens teacher-forced per damage measurement (default 16)")
     p.add_argument("--equal-tokens", type=int, default=4,

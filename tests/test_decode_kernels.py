@@ -188,6 +188,20 @@ def test_native_gemv_matches_matmul():
             assert torch.allclose(decode_native.gemv(w, x, threads), x @ w.T, atol=1e-4, rtol=1e-5)
 
 
+
+@needs_native
+def test_native_gemv_gives_each_row_the_same_bits_whatever_the_row_count():
+    """Several x rows take gemv_multi (4 weight rows against up to 4 x rows per pass over k), one
+    takes gemv_rows: the batched decode step, the verify pass and the degradation check's head
+    rely on every row coming out bit for bit as alone, so batch size never moves a token."""
+    gen = torch.Generator().manual_seed(3)
+    for n, k in [(130, 33), (64, 576), (41, 16)]:  # 4-row and 16-wide tails
+        w, x = torch.randn(n, k, generator=gen), torch.randn(13, k, generator=gen)
+        alone = torch.cat([decode_native.gemv(w, x[i:i + 1], 1) for i in range(len(x))])
+        for m in (2, 3, 4, 5, 8, 13):
+            for threads in (1, 2):
+                assert torch.equal(decode_native.gemv(w, x[:m], threads), alone[:m]), (n, k, m, threads)
+
 def test_native_kernel_without_compiler_names_what_is_missing(tiny_engine, monkeypatch):
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(decode_native.shutil, "which", lambda name: None)

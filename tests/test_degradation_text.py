@@ -360,3 +360,17 @@ def test_profiles_register(tmp_path) -> None:
     assert dev.max_examples == adversarial.DEV_MAX_EXAMPLES and not dev.derandomize
     with pytest.raises(ValueError, match="unknown hypothesis profile"):
         adversarial.load_profile("nope")
+
+
+@pytest.mark.parametrize("text, n", [
+    ("Cet Ã©tÃ©, nous irons Ã\xa0 la mer", 3),
+    ("â€˜Itâ€™s not the end,â€™ she said", 3),
+    ("HÃƒÂ©lÃƒÂ¨ne a reÃƒÂ§u une lettre", 6),  # read wrongly twice: each outer pair counts
+    ("SÃO PAULO: É « café » naïve Ærø © 2024 ±3 °C", 0),  # real Latin-1 text pairs nothing
+    ("why does Ã© show up in my CSV?", 1),  # one quoted example: under mojibake_min
+])
+def test_mojibake_counts_utf8_read_as_windows_1252(text: str, n: int) -> None:
+    from reference_engine.degradation.text_rules import mojibake_count
+
+    assert mojibake_count(text) == n
+    assert (text_anomaly_reason(text) == "mojibake") == (n >= TextThresholds().mojibake_min)

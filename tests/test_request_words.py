@@ -135,3 +135,38 @@ def test_subset_stats_match_prompt_stats_on_the_whole_content(prefilled) -> None
         for b in whole.pooled:
             np.testing.assert_allclose(sub.pooled[b], whole.pooled[b], rtol=1e-6, atol=1e-9)
     assert sub.n_tokens == hi - max(lo, 1)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("decode this morse please: -- . . - / .-", ["decode", "this", "morse", "please"]),
+    # digits cut a run; "md5" and "base64" are not words, "hex digests to" still weighs 3
+    ("convert these md5 hex digests to base64 please: 16ee3129", ["hex", "digests", "to"]),
+    # a script written without spaces weighs half its characters
+    ("请帮我算一下这些成绩的平均数：78, 85, 92", ["请帮我算一下这些成绩的平均数"]),
+    ("what's the FEN after black's 8th move? 1.e4 e5", ["what's", "the", "FEN", "after", "black's"]),
+    ("dedupe:\ncfbb55051399525e16\n1c49a083a74ed444", []),  # a one-word request is not a run
+    ("SGVsbG8gV29ybGQhIFRoaXMgaXM=", []),  # base64: letters cut by digits
+    ("see this\n\nand that", []),  # a blank line ends a run: two runs of 2
+    ("まず 短い", []),  # 2 + 1 characters: under 3
+])
+def test_request_spans_find_runs_of_words_in_the_text(text: str, words: list[str]) -> None:
+    assert [text[a:b] for a, b in rw.request_spans(text)] == words
+
+
+def test_text_request_tokens_map_words_to_the_tokens_that_overlap_them() -> None:
+    text = "sort these please: 3 1 2"
+    offsets = [(0, 4), (4, 10), (10, 17), (17, 18), (18, 20), (20, 22), (22, 24)]
+    assert rw.text_request_tokens(text, offsets) == [0, 1, 2]
+    assert rw.text_request_tokens("3 1 2", [(0, 1), (1, 3), (3, 5)]) == []
+
+
+def test_engine_finds_request_words_from_the_prompt_or_its_decoded_content(tiny_engine) -> None:
+    text = "please sort these numbers for me: 9 4 7 1"
+    ids = tiny_engine.encode(text)
+    lo, hi = ood.content_span(ids, *ood.template_ends(tiny_engine.encode))
+    words = tiny_engine._request_tokens(text, ids, lo, hi)
+    assert words and all(lo <= i < hi for i in words)
+    said = tiny_engine.decode([ids[i] for i in words]).replace(" ", "")
+    assert said.startswith("pleasesortthese") and not any(c.isdigit() for c in said), said
+    # a teacher-forced row holds the templated text: the content decoded from the ids stands in
+    assert tiny_engine._request_tokens(tiny_engine.decode(ids), ids, lo, hi) == words

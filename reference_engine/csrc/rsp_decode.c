@@ -157,6 +157,89 @@ static void gemv_rows(const float *W, int64_t K, int64_t n0, int64_t n1, const f
     }
 }
 
+/* gemv_rows for several x rows at once (batched decode steps, the verify pass, rsp_gemv):
+ * y[b*ys + n] (+)= W[n] . x[b*xs].
+ * With AVX-512, 4 weight rows meet up to 4 x rows in one pass over k (16 independent accumulators,
+ * each weight vector loaded once for all x rows): an S-row product then costs about what one row
+ * does while the weights stream from DRAM. Each (row, x) accumulator takes exactly dot_rows's
+ * AVX-512 sequence (16-wide FMAs in k order, the same masked tail, _mm512_reduce_add_ps), so every
+ * output is bit-identical to gemv_rows's. Other builds call gemv_rows itself. */
+#if defined(__AVX512F__)
+#ifndef RSP_PF_GROUPS
+#define RSP_PF_GROUPS 2
+#endif
+#ifndef RSP_PF_HINT
+#define RSP_PF_HINT _MM_HINT_T0
+#endif
+static inline __attribute__((always_inline)) void dot_multi(const float *W, int64_t K, const float *x, int64_t xs,
+                                                            const int NB, const float *pf, float *o /* [4][4] */) {
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int b = 0; b < NB; b++) acc[r][b] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 xv[4];
+        for (int b = 0; b < NB; b++) xv[b] = _mm512_loadu_ps(x + b * xs + k);
+        if (pf)
+            for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(pf + r * K + k), RSP_PF_HINT);
+        for (int r = 0; r < 4; r++) {
+            __m512 wv = _mm512_loadu_ps(W + r * K + k);
+            for (int b = 0; b < NB; b++) acc[r][b] = _mm512_fmadd_ps(wv, xv[b], acc[r][b]);
+        }
+    }
+    if (k < K) {
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+        __m512 xv[4];
+        for (int b = 0; b < NB; b++) xv[b] = _mm512_maskz_loadu_ps(m, x + b * xs + k);
+        for (int r = 0; r < 4; r++) {
+            __m512 wv = _mm512_maskz_loadu_ps(m, W + r * K + k);
+            for (int b = 0; b < NB; b++) acc[r][b] = _mm512_fmadd_ps(wv, xv[b], acc[r][b]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int b = 0; b < NB; b++) o[r * 4 + b] = _mm512_reduce_add_ps(acc[r][b]);
+}
+#endif
+
+static void gemv_multi(const float *W, int64_t K, int64_t n0, int64_t n1, const float *x, int64_t xs, int64_t B,
+                       float *y, int64_t ys, int accumulate) {
+#if defined(__AVX512F__)
+    float o[16];
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        for (int64_t b0 = 0; b0 < B; b0 += 4) {
+            const int nb = (int)(B - b0 < 4 ? B - b0 : 4);
+            const float *xb = x + b0 * xs;
+            /* the first x chunk prefetches the weight rows RSP_PF_GROUPS groups ahead */
+            const float *pf = b0 == 0 && RSP_PF_GROUPS > 0 ? W + (n + 4 * RSP_PF_GROUPS) * K : NULL;
+            switch (nb) { /* constant NB: the accumulators stay in registers */
+            case 4: dot_multi(W + n * K, K, xb, xs, 4, pf, o); break;
+            case 3: dot_multi(W + n * K, K, xb, xs, 3, pf, o); break;
+            case 2: dot_multi(W + n * K, K, xb, xs, 2, pf, o); break;
+            default: dot_multi(W + n * K, K, xb, xs, 1, pf, o); break;
+            }
+            for (int b = 0; b < nb; b++) {
+                float *yb = y + (b0 + b) * ys + n;
+                for (int r = 0; r < 4; r++) yb[r] = accumulate ? yb[r] + o[r * 4 + b] : o[r * 4 + b];
+            }
+        }
+    }
+    if (n < n1) gemv_rows(W, K, n, n1, x, xs, B, y, ys, accumulate); /* < 4 rows left */
+#else
+    gemv_rows(W, K, n0, n1, x, xs, B, y, ys, accumulate);
+#endif
+}
+
+/* The step's and rsp_gemv's product: one x row takes gemv_rows (the batch-1 decode path as it
+ * was measured), several take gemv_multi; both give every output bit for bit. */
+static inline void gemv_any(const float *W, int64_t K, int64_t n0, int64_t n1, const float *x, int64_t xs,
+                            int64_t B, float *y, int64_t ys, int accumulate) {
+    if (B > 1)
+        gemv_multi(W, K, n0, n1, x, xs, B, y, ys, accumulate);
+    else
+        gemv_rows(W, K, n0, n1, x, xs, B, y, ys, accumulate);
+}
+
 /* thread tid's share of n rows, in blocks of 16 rows (a 4-row kernel, whole cache lines of y) */
 static inline void share(int64_t n, int tid, int nt, int64_t *a, int64_t *b) {
     int64_t blocks = (n + 15) / 16, per = blocks / nt, extra = blocks % nt;
@@ -339,10 +422,10 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             }
             if (run) {
                 share(QW, tid, nt, &a, &e);
-                if (rc == 0) gemv_rows(m->wqkv[l], D, a, e, xn, D, B, qkv, QW, 0);
+                if (rc == 0) gemv_any(m->wqkv[l], D, a, e, xn, D, B, qkv, QW, 0);
             } else {
                 share(2 * kvd, tid, nt, &a, &e);
-                if (rc == 0) gemv_rows(m->wqkv[l] + qd * D, D, a, e, xn, D, B, qkv + qd, QW, 0);
+                if (rc == 0) gemv_any(m->wqkv[l] + qd * D, D, a, e, xn, D, B, qkv + qd, QW, 0);
             }
 #pragma omp barrier
             /* RoPE on q (in place) and k (into the cache), v into the cache */
@@ -372,7 +455,7 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             }
 #pragma omp barrier
             share(D, tid, nt, &a, &e);
-            if (rc == 0) gemv_rows(m->wo[l], qd, a, e, attn, qd, B, h, D, 1);
+            if (rc == 0) gemv_any(m->wo[l], qd, a, e, attn, qd, B, h, D, 1);
 #pragma omp barrier
             } else if (unit_maps && unit_down[2 * l] && unit_up[2 * l]) {
                 /* RoPE above was the last reader of xn from h's old value; thread 0 writes h */
@@ -403,8 +486,8 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
             }
             if (rc == 0) {
                 share(F, tid, nt, &a, &e);
-                gemv_rows(m->w_gate_up[l], D, a, e, xn, D, B, gu, 2 * F, 0);
-                gemv_rows(m->w_gate_up[l], D, F + a, F + e, xn, D, B, gu, 2 * F, 0);
+                gemv_any(m->w_gate_up[l], D, a, e, xn, D, B, gu, 2 * F, 0);
+                gemv_any(m->w_gate_up[l], D, F + a, F + e, xn, D, B, gu, 2 * F, 0);
                 for (int64_t b = 0; b < B; b++)
                     for (int64_t n = a; n < e; n++) {
                         const float g = gu[b * 2 * F + n];
@@ -414,7 +497,7 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
 #pragma omp barrier
             share(D, tid, nt, &a, &e);
             if (rc == 0) {
-                gemv_rows(m->w_down[l], F, a, e, act, F, B, h, D, 1);
+                gemv_any(m->w_down[l], F, a, e, act, F, B, h, D, 1);
                 if (stream)
                     for (int64_t b = 0; b < B; b++)
                         memcpy(stream + ((l + 1) * B + b) * D + a, h + b * D + a, sizeof(float) * (size_t)(e - a));
@@ -425,7 +508,7 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
         if (rc == 0) {
             rms(h, m->final_norm, B, D, eps, xn);
             share(V, tid, nt, &a, &e);
-            gemv_rows(m->lm_head, D, a, e, xn, D, B, logits, V, 0);
+            gemv_any(m->lm_head, D, a, e, xn, D, B, logits, V, 0);
         }
         if (rs) { /* the same for every thread: the barrier is met by all */
 #pragma omp barrier
@@ -467,7 +550,7 @@ int rsp_gemv(const float *W, int64_t N, int64_t K, const float *x, int64_t B, fl
 #endif
         int64_t a, e;
         share(N, tid, nt, &a, &e);
-        gemv_rows(W, K, a, e, x, K, B, y, N, 0);
+        gemv_any(W, K, a, e, x, K, B, y, N, 0);
     }
     return 0;
 }

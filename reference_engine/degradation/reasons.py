@@ -15,6 +15,7 @@ REASONS: tuple[str, ...] = (
     "nul_byte",
     "lone_surrogate",
     "replacement_chars",
+    "mojibake",
     "noncharacter",
     "control_chars",
     "bidi_override",

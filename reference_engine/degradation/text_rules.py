@@ -102,6 +102,42 @@ def _in_hex_literal(text: str, start: int) -> bool:
 
 _WS_RE = re.compile(r"\s+")
 
+# A UTF-8 lead byte's character (Â-ô) followed by what its continuation bytes become when read as
+# Windows-1252 (0x80-0xBF: the cp1252 punctuation and €, then Latin-1's NBSP-¿).
+_MOJIBAKE_RE = re.compile(
+    "[\u00c2-\u00f4][\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc"
+    "\u2013\u2014\u2018-\u201a\u201c-\u201e\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122]{1,3}")
+
+
+def _as_bytes(chars: str) -> bytes | None:
+    """The bytes these characters stand for when UTF-8 was read as Windows-1252 (Latin-1 for the
+    five codes cp1252 leaves undefined), or None."""
+    out = bytearray()
+    for c in chars:
+        try:
+            out += c.encode("cp1252")
+        except UnicodeEncodeError:
+            if ord(c) > 0xFF:
+                return None
+            out.append(ord(c))
+    return bytes(out)
+
+
+def mojibake_count(text: str) -> int:
+    """Sequences of ``text`` that are one UTF-8 character read as Windows-1252 or Latin-1."""
+    n = 0
+    for m in _MOJIBAKE_RE.finditer(text):
+        seg = m.group()
+        for k in range(len(seg), 1, -1):  # the lead byte's whole sequence: 2-4 bytes
+            b = _as_bytes(seg[:k])
+            try:
+                if b is not None and len(b.decode("utf-8")) == 1:
+                    n += 1
+                    break
+            except UnicodeDecodeError:
+                continue
+    return n
+
 
 def _normalise_for_patterns(text: str) -> str:
     return _WS_RE.sub(" ", unicodedata.normalize("NFKC", text)).lower()
@@ -128,6 +164,8 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         yield "lone_surrogate"
     if s.replacement > t.replacement_max:
         yield "replacement_chars"
+    if not text.isascii() and mojibake_count(scanned) >= t.mojibake_min:
+        yield "mojibake"
     if s.noncharacters > t.noncharacter_max:
         yield "noncharacter"
     if s.controls > t.control_max:
