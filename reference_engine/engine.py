@@ -22,6 +22,7 @@ from typing import IO, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from . import calibration as calib_mod
 from . import degradation, ood
@@ -29,7 +30,7 @@ from .degradation import request_words
 from .config import PruningConfig
 from .errors import PromptError
 from .generation import GenerationResult, PromptRow, check_rows_fit
-from .model import BypassMap, KVCache, decode_step, logits_from_hidden, prefill, weights_from_hf
+from .model import BypassMap, KVCache, decode_step, logits_from_hidden, prefill, rms_norm, weights_from_hf
 from .model_loading import cache_root, file_digest, load_hf_model, load_tokenizer, resolve_model
 from .unit_routing import UnitRouting
 from .router import (Router, RouterCalibration, density_factor, density_of_text, sample_watermark,
@@ -263,7 +264,8 @@ class Engine(UnitRouting):
             static_saved = int(sum(unit_bytes[2 * i] for i, k in enumerate(static_attn) if not k) +
                                sum(unit_bytes[2 * i + 1] for i, k in enumerate(static_mlp) if not k))
         hidden: list[torch.Tensor] | None = [] if prunes else None
-        logits = prefill(w, cache, ids, positions, key_valid, hidden_out=hidden)
+        # A lossy request's prompt logits come out of the degradation check's head pass (below).
+        logits = prefill(w, cache, ids, positions, key_valid, hidden_out=hidden, head=self._head(), logits=not prunes)
         router = None
         router_time = 0.0  # per-token plan + observe: the cost the issue bounds per decode token
         setup_time = 0.0  # once per request: degradation checks, density, router construction
@@ -273,7 +275,7 @@ class Engine(UnitRouting):
         if prunes:
             cal = self.calibration()
             router_t0 = time.perf_counter()
-            self._check_degradation(rows, hidden, cal)
+            logits = self._check_degradation(rows, hidden, cal, last_logits=True)
             check_time = time.perf_counter() - router_t0
             router = self._make_unit_router(rows, cfg, cal) if prunes_unit else self._make_router(rows, cfg, cal)
             setup_time = time.perf_counter() - router_t0
@@ -420,23 +422,57 @@ class Engine(UnitRouting):
         probs = torch.softmax(scaled, -1)
         return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
-    def _check_degradation(self, rows: list[PromptRow], hidden: list[torch.Tensor], cal: calib_mod.Calibration) -> None:
+    def _check_degradation(self, rows: list[PromptRow], hidden: list[torch.Tensor], cal: calib_mod.Calibration,
+                           last_logits: bool = False) -> torch.Tensor | None:
         """Text rules, then the model-level out-of-distribution score (ood.py) from the prefill's
-        own hidden states: any firing turns pruning off for that row."""
-        if self._degradation_suspended:
-            return
-        S = hidden[0].shape[1]
-        det = self.ood_detector()
+        own hidden states: any firing turns pruning off for that row.
+
+        With ``last_logits`` it also returns the prompts' last-position logits [B, V], which the
+        prefill then left to it: the score's loss and entropy rows go through the output matrix
+        in the same pass (on the native kernel the matrix is streamed once for all rows), so the
+        check adds their arithmetic to TTFT, not another read of the matrix. Each row's logits are
+        the bits the prefill would have computed alone."""
+        w = self.weights
+        final = hidden[-1]
+        S = final.shape[1]
+        det = None if self._degradation_suspended else self.ood_detector()
+        scored: list[tuple[int, PromptRow, int, int, torch.Tensor]] = []
         for b, r in enumerate(rows):
+            if self._degradation_suspended:
+                break
             reason = degradation.text_anomaly_reason(r.prompt)
             if reason is None and det is not None:
                 lo, hi = ood.content_span(r.ids, *self._template_ends())
-                reason = ood.judge(det, self.weights, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
-                                   self._pieces, self._byte_ids(),
-                                   lambda r=r, lo=lo, hi=hi: self._request_tokens(r.prompt, r.ids, lo, hi))
+                scored.append((b, r, lo, hi, ood.scored_positions(lo, hi)))
             elif reason is None:
                 reason = self._legacy_model_checks(b, r, hidden, cal)
             r.degraded_reason = r.degraded_reason or reason
+        parts = [rms_norm(final[:, -1], w.final_norm, w.dims.rms_eps)] if last_logits else []
+        parts += [rms_norm(final[b, S - len(r.ids) + pred], w.final_norm, w.dims.rms_eps)
+                  for b, r, _, _, pred in scored if len(pred)]
+        head = self._head()
+        logits = (head(torch.cat(parts)) if head is not None else F.linear(torch.cat(parts), w.lm_head)) if parts else None
+        at = len(rows) if last_logits else 0
+        for b, r, lo, hi, pred in scored:
+            nll_ent = ood.loss_and_entropy(logits[at:at + len(pred)], [r.ids[int(q) + 1] for q in pred]) if len(pred) \
+                else (np.zeros(0), np.zeros(0))
+            at += len(pred)
+            reason = ood.judge(det, w, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
+                               self._pieces, self._byte_ids(),
+                               lambda r=r, lo=lo, hi=hi: self._request_tokens(r.prompt, r.ids, lo, hi), nll_ent)
+            r.degraded_reason = r.degraded_reason or reason
+        return logits[:len(rows)] if last_logits else None
+
+    def _head(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The output matrix's product for final-normed rows [m, D]: the native kernel's GEMV when
+        the decode step is native (a prompt's first token is then computed as every later one is,
+        each row the same bits whatever the row count), else None (F.linear)."""
+        if self.decode_kernel != "native":
+            return None
+        from .decode_native import gemv
+
+        lm_head = self.weights.lm_head
+        return lambda x: gemv(lm_head, x)
 
     @contextmanager
     def degradation_suspended(self) -> Iterator[None]:

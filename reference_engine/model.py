@@ -24,6 +24,7 @@ Must not import the harness (``rsp_bench``) or anything from the router: this fi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -210,8 +211,12 @@ def block_forward(blk: BlockWeights, dims: ModelDims, cache: KVCache, layer: int
     return h + F.linear(F.silu(gate) * up, blk.w_down)
 
 
-def logits_from_hidden(w: ModelWeights, h: Tensor) -> Tensor:
-    return F.linear(rms_norm(h, w.final_norm, w.dims.rms_eps), w.lm_head)
+def logits_from_hidden(w: ModelWeights, h: Tensor, head: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """Logits of final-stream rows ``h`` [..., D]. ``head`` maps final-normed rows [m, D] to logits
+    (an engine on the native kernel passes its GEMV, so a prompt's first token is computed as
+    every later one is); None: F.linear."""
+    x = rms_norm(h, w.final_norm, w.dims.rms_eps)
+    return F.linear(x, w.lm_head) if head is None else head(x)
 
 
 def attention_mask(key_valid: Tensor, start: int, length: int) -> Tensor | None:
@@ -237,8 +242,12 @@ def attention_mask(key_valid: Tensor, start: int, length: int) -> Tensor | None:
 
 
 def prefill(w: ModelWeights, cache: KVCache, input_ids: Tensor, positions: Tensor,
-            key_valid: Tensor, hidden_out: list[Tensor] | None = None) -> Tensor:
-    """Run every block over the prompt [B, S] (prefill is never pruned). Returns last-position logits [B, V].
+            key_valid: Tensor, hidden_out: list[Tensor] | None = None,
+            head: Callable[[Tensor], Tensor] | None = None, logits: bool = True) -> Tensor | None:
+    """Run every block over the prompt [B, S] (prefill is never pruned). Returns last-position logits
+    [B, V] (``logits_from_hidden`` with ``head``), or None with ``logits=False``: the caller then
+    computes them from the final stream itself (the engine, in one pass with the degradation
+    check's rows).
 
     If ``hidden_out`` is a list, the residual stream entering each block and the final stream are
     appended to it ([B, S, D] each), for calibration and the degradation detector.
@@ -256,7 +265,7 @@ def prefill(w: ModelWeights, cache: KVCache, input_ids: Tensor, positions: Tenso
     if hidden_out is not None:
         hidden_out.append(h)
     cache.length = S
-    return logits_from_hidden(w, h[:, -1])
+    return logits_from_hidden(w, h[:, -1], head) if logits else None
 
 
 @dataclass

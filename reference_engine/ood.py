@@ -130,33 +130,52 @@ def _loss_and_entropy(w: ModelWeights, h: torch.Tensor, targets: Sequence[int]) 
     ``gemv_multi``); on 2 cores (torch 2.13, MKL) it took 4.3 / 6.6 / 8.8 / 24.9 ms for
     1 / 8 / 13 / 48 rows against 12 / 24 ms for F.linear at 1 / 12 rows (the 2-core AMD EPYC
     runner, 2026-12-03), and each row's logits are the same bits whatever the row count
-    (``tests/test_decode_kernels.py``). One exponential pass gives both figures:
-    H = logsumexp - E_p[logit]."""
+    (``tests/test_decode_kernels.py``). The engine does better still: it computes these rows in
+    the same pass as the prompt's own last-position logits (``Engine._check_degradation``)."""
     x = rms_norm(h, w.final_norm, w.dims.rms_eps)
     native = _native_head_gemv()
     logits = native(w.lm_head, x) if native is not None else F.linear(x, w.lm_head)  # [m, V]
+    return loss_and_entropy(logits, targets)
+
+
+def loss_and_entropy(logits: torch.Tensor, targets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Loss of ``targets`` and entropy (nats) from logits [m, V]. One exponential pass gives both:
+    H = logsumexp - E_p[logit]."""
     lse = torch.logsumexp(logits, -1)
     p = torch.exp(logits - lse[:, None])
     ent = lse - (p * logits).sum(-1)
-    nll = lse - logits.gather(-1, torch.tensor(list(targets))[:, None])[:, 0]
+    nll = lse - logits.gather(-1, torch.tensor(list(targets), dtype=torch.long)[:, None])[:, 0]
     return nll.double().numpy(), ent.clamp_min(0.0).double().numpy()
 
 
-def prompt_stats(w: ModelWeights, hidden: Sequence[torch.Tensor], row: int, offset: int, ids: Sequence[int],
-                 lo: int, hi: int, n_chars: int, byte_ids: frozenset[int] = frozenset()) -> PromptStats:
-    """Statistics of one row of a prefill. ``hidden[l]`` [B, S, D] enters block l (``hidden[-1]``
-    is the final stream); the row's tokens sit at ``offset + i`` (left padding)."""
-    L = len(hidden) - 1
-    # Position p predicts token p + 1: score predictions of content tokens (the first content
-    # token is predicted by the template's last token).
+def scored_positions(lo: int, hi: int) -> torch.Tensor:
+    """The positions whose next-token loss and entropy a prompt's statistics use: position p
+    predicts token p + 1, over the content tokens (the first is predicted by the template's last
+    token), at most ``SCORED_POSITIONS`` of them, evenly spaced."""
     first, last = max(lo - 1, 0), hi - 2
     if last < first:
-        nll = ent = np.zeros(0)
+        return torch.zeros(0, dtype=torch.long)
+    pred = torch.arange(first, last + 1)
+    if len(pred) > SCORED_POSITIONS:
+        pred = torch.linspace(first, last, SCORED_POSITIONS).round().long().unique()
+    return pred
+
+
+def prompt_stats(w: ModelWeights, hidden: Sequence[torch.Tensor], row: int, offset: int, ids: Sequence[int],
+                 lo: int, hi: int, n_chars: int, byte_ids: frozenset[int] = frozenset(),
+                 scored: tuple[np.ndarray, np.ndarray] | None = None) -> PromptStats:
+    """Statistics of one row of a prefill. ``hidden[l]`` [B, S, D] enters block l (``hidden[-1]``
+    is the final stream); the row's tokens sit at ``offset + i`` (left padding). ``scored``: the
+    loss and entropy at ``scored_positions(lo, hi)`` when the caller computed them already (the
+    engine does, in its prefill's head pass); else they are computed here."""
+    L = len(hidden) - 1
+    if scored is not None:
+        nll, ent = scored
     else:
-        pred = torch.arange(first, last + 1)
-        if len(pred) > SCORED_POSITIONS:
-            pred = torch.linspace(first, last, SCORED_POSITIONS).round().long().unique()
-        nll, ent = _loss_and_entropy(w, hidden[-1][row, offset + pred], [ids[int(p) + 1] for p in pred])
+        pred = scored_positions(lo, hi)
+        nll = ent = np.zeros(0)
+        if len(pred):
+            nll, ent = _loss_and_entropy(w, hidden[-1][row, offset + pred], [ids[int(p) + 1] for p in pred])
     pooled = {}
     for b in blocks_for(L):
         h = hidden[b][row, offset + lo: offset + hi].double()
@@ -192,7 +211,8 @@ def subset_stats(w: ModelWeights, hidden: Sequence[torch.Tensor], row: int, offs
 def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], row: int, offset: int,
           ids: Sequence[int], lo: int, hi: int, n_chars: int, pieces: Callable[[], request_words.Pieces],
           byte_ids: frozenset[int] = frozenset(),
-          request_tokens: Callable[[], list[int] | None] | None = None) -> str | None:
+          request_tokens: Callable[[], list[int] | None] | None = None,
+          scored: tuple[np.ndarray, np.ndarray] | None = None) -> str | None:
     """The degradation reason for one prefilled prompt (None: prune). The score judges the whole
     content; a whole that looks odd is judged again on its request words alone
     (``degradation.request_words``), and a request that reads as ordinary language is a request
@@ -200,8 +220,8 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
     gives the request words' indices into ``ids`` from the prompt's text (None where the
     tokenizer gives no offsets: then whole-word vocabulary pieces stand in); ``pieces`` gives the
     vocabulary's piece table. Both are asked for only when the whole looks odd (decoding the
-    vocabulary takes about a second, once per engine)."""
-    whole = prompt_stats(w, hidden, row, offset, ids, lo, hi, n_chars, byte_ids)
+    vocabulary takes about a second, once per engine). ``scored``: as for ``prompt_stats``."""
+    whole = prompt_stats(w, hidden, row, offset, ids, lo, hi, n_chars, byte_ids, scored)
     reason = det.reason(whole)
     if reason != "ood_score":
         return reason

@@ -346,8 +346,9 @@ class _RowDecoder:
     def prefill(self) -> Tensor:
         ids = self.index.seq
         self.hidden = [] if self.pruned_state == "pending" else None
+        # the engine's head: the first token as pruning off computes it (lossless must equal off)
         logits = prefill(self.w, self.cache, torch.tensor([ids]), torch.arange(self.P)[None],
-                         self.key_valid, hidden_out=self.hidden)
+                         self.key_valid, hidden_out=self.hidden, head=self.engine._head())
         self.clean = self.P
         return logits[0]
 

@@ -50,7 +50,7 @@ QUICK_ROUNDS_PER_TEST_BATCHED = 1
 # Reported for every profile; the gated names are projected_{tokens_per_s,idle_fraction,
 # freed_fraction}_<P>.
 PROJECTED_KEYS = ("projected_tokens_per_s", "projected_idle_fraction", "projected_freed_fraction")
-# Pruning off on a second decode kernel, in the same rounds: transformers' own torch kernels when
+# Pruning off on a second decode kernel, in the same rounds (full run only): transformers' own torch kernels when
 # the engine runs another (the native C step, by default), else the native one when it builds.
 def other_kernel(engine) -> str | None:
     if engine.decode_kernel != "torch":
@@ -104,7 +104,9 @@ class _Benches:
             # the engine's encoder), batched with left padding like the engine
             calls[speed.HF_ID] = speed.hf_generate_call(e.hf_model, [e.encode(p) for p in prompts],
                                                         self.tokens, e.pad_id, e.eos_id)
-            if batch == 1 and speed.OFF_ID in self.specs:
+            # The other kernel's row is a reported comparison (nothing gates it) that costs a
+            # torch-speed decode in every batch-1 round, about 20 s of a quick run: full run only.
+            if batch == 1 and speed.OFF_ID in self.specs and not self.quick:
                 self.other_kernel = other_kernel(e)
             if batch == 1 and self.other_kernel is not None:
                 # Its speedup_vs_off is the engine's kernel against the other one (not bit for bit

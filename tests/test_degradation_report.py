@@ -115,8 +115,23 @@ def test_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys) -> None:
     assert rep["degraded_equals_off"]["n"] >= 1 and rep["degraded_equals_off"]["unequal"] == []
     assert set(rep["languages_damage"]) == {"en", "fr"}
     assert rep["languages_damage"]["en"]["tokens"] == 6  # two items, three teacher-forced tokens each
-    assert rep["check_cost"]["short"]["reps"] == 2 and rep["check_cost"]["short"]["check_s_median"] > 0
+    cost = rep["check_cost"]["short"]
+    assert cost["reps"] == 2 and cost["check_call_s_median"] > 0 and cost["decode_step_s_median"] > 0
+    assert "ttft_added_s_median" in cost and "interleaved" in cost["method"]
     assert {t["group"] for t in rep["targets"]} == {"data_request", "plain_language", "plain_en", "odd"}
     printed = capsys.readouterr().out
     assert "degraded output equals pruning off" in printed and str(out) in printed
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_cost_only_measures_the_check_alone_and_writes_its_own_file(tiny_model_dir, tmp_path, capsys) -> None:
+    from rsp_bench import cli
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(_line(id="en1", text="Tell me a story about a cat who learns to swim.") + "\n", encoding="utf-8")
+    out = tmp_path / "cost.json"
+    assert cli.main(["degradation", "--prompts", str(path), "--model", str(tiny_model_dir), "--out", str(out),
+                     "--cost-only", "--cost-reps", "2", "--quiet"]) == 0
+    rep = json.loads(out.read_text())
+    assert set(rep["check_cost"]) == {"short", "long"} and "groups" not in rep
+    assert "check cost, short prompt" in capsys.readouterr().out
