@@ -267,7 +267,10 @@ class Engine(UnitRouting, ProtectiveDegradation):
         router = None
         router_time = 0.0  # per-token plan + observe: the cost the issue bounds per decode token
         setup_time = 0.0  # once per request: degradation checks, density, router construction
-        check_time = 0.0  # the degradation check alone (part of setup_time, so of prefill_time_s)
+        # the degradation check's call, which also computes the prompt's last-position logits (the
+        # pass it shares with them); part of setup_time, so of prefill_time_s. rsp-bench degradation
+        # subtracts the same call with the detector suspended to get the check alone.
+        check_time = 0.0
         detail = cfg.log_level == "DETAILED"
         detail_lines: list[str] = []
         if prunes:
