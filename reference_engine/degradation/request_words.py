@@ -9,15 +9,17 @@ A payload with no request around it has no request words and is judged as before
 
 Request words are found in the prompt's own text, then mapped to the tokens the model read
 (``text_request_tokens``, from the tokenizer's character offsets): a *word* is a run of letters of
-any script (inner apostrophes kept: "what's"); words joined only by spaces and punctuation form a
-*run*, and anything else (a digit, a symbol, a blank line) ends it. A run is request words when
-its weight reaches ``MIN_RUN``: a word weighs 1, and a word of a script written without spaces
-(Chinese, Japanese, Thai, Lao, Khmer, Myanmar) weighs half its characters, about what it holds in
-words. So "decode this morse please:", "convert these md5 hex digests to base64" (the run "hex
-digests to base64" ... is cut by "md5", but "hex digests to" weighs 3) and "请帮我算一下这些成绩的平均数"
-are requests; "dedupe:" alone is not, and a hash, a UUID or a base64 string (letters cut by
-digits) has none. Random letters or shuffled real words do form runs: the score then judges
-them, and they read as odd.
+any script (inner apostrophes kept: "what's") that touches no digit ("md5", "base64" and "8th" are
+no words); words joined only by spaces and punctuation form a *run*, and anything else (a digit, a
+symbol, a line break, a "word" of over ``MAX_WORD_LETTERS`` letters such as a DNA sequence, or
+phonetic symbols) ends it. A run is request words when its weight reaches ``MIN_RUN``: a word
+weighs 1, a one-letter word 0 (a note name or a variable neither counts nor ends a run), and a
+word of a script written without spaces (Chinese, Japanese, Thai, Lao, Khmer, Myanmar) half its
+characters, about what it holds in words. So "decode this morse please:", "what does this
+base64 string say?" ("What does this") and "请帮我算一下这些成绩的平均数" are requests; "dedupe:" and
+"decode this base64 please:" ("decode this" and "please", cut apart by "base64") are not, and a
+hash, a UUID or a base64 string (letters cut by digits) has none. Random letters or shuffled real
+words do form runs: the score then judges them, and they read as odd.
 
 The first version counted only whole-word *vocabulary pieces* (``request_tokens``, kept as the
 fallback when the tokenizer gives no offsets): a word the tokenizer splits ("dig" + "ests"), a
