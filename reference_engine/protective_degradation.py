@@ -63,21 +63,37 @@ class ProtectiveDegradation:
             elif reason is None:
                 reason = self._legacy_model_checks(b, r, hidden, cal)
             r.degraded_reason = r.degraded_reason or reason
-        parts = [rms_norm(final[:, -1], w.final_norm, w.dims.rms_eps)] if last_logits else []
-        parts += [rms_norm(final[b, S - len(r.ids) + pred], w.final_norm, w.dims.rms_eps)
-                  for b, r, _, _, pred in scored if len(pred)]
-        head = self._head()
-        logits = (head(torch.cat(parts)) if head is not None else F.linear(torch.cat(parts), w.lm_head)) if parts else None
-        at = len(rows) if last_logits else 0
+        last = rms_norm(final[:, -1], w.final_norm, w.dims.rms_eps) if last_logits else None
+        check = [rms_norm(final[b, S - len(r.ids) + pred], w.final_norm, w.dims.rms_eps)
+                 for b, r, _, _, pred in scored if len(pred)]
+        logits, check_logits = self._head_pass(last, torch.cat(check) if check else None)
+        at = 0
         for b, r, lo, hi, pred in scored:
-            nll_ent = ood.loss_and_entropy(logits[at:at + len(pred)], [r.ids[int(q) + 1] for q in pred]) if len(pred) \
-                else (np.zeros(0), np.zeros(0))
+            nll_ent = (ood.loss_and_entropy(check_logits[at:at + len(pred)], [r.ids[int(q) + 1] for q in pred])
+                       if len(pred) else (np.zeros(0), np.zeros(0)))
             at += len(pred)
             reason = ood.judge(det, w, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
                                self._pieces, self._byte_ids(),
                                lambda r=r, lo=lo, hi=hi: self._request_tokens(r.prompt, r.ids, lo, hi), nll_ent)
             r.degraded_reason = r.degraded_reason or reason
-        return logits[:len(rows)] if last_logits else None
+        return logits
+
+    def _head_pass(self, last: torch.Tensor | None, check: torch.Tensor | None
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Logits of the prompts' last rows and of the check's rows (final-normed, [B, D] and
+        [m, D]). On the native kernel one GEMV call streams the output matrix once for both, each
+        row the bits it has alone; F.linear's sums may depend on the row count, so there the
+        prompts' rows get a call of their own, the one the prefill would have made."""
+        head = self._head()
+        if head is None:
+            return (None if last is None else F.linear(last, self.weights.lm_head),
+                    None if check is None else F.linear(check, self.weights.lm_head))
+        parts = [x for x in (last, check) if x is not None]
+        if not parts:
+            return None, None
+        out = head(torch.cat(parts))
+        n = 0 if last is None else len(last)
+        return (out[:n] if last is not None else None), (out[n:] if check is not None else None)
 
     def _head(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """The output matrix's product for final-normed rows [m, D]: the native kernel's GEMV when
