@@ -28,7 +28,6 @@ help stays light); the engine arrives in ``run``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -304,11 +303,19 @@ def run(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     t0 = time.monotonic()
     engine = Engine.load(a.model)
-    long_text = max((it.text for it in items if it.group in ORDINARY), key=len)
+    # the file's longest ordinary prompt times the long case; a file with none times the short one only
+    long_text = max((it.text for it in items if it.group in ORDINARY), key=len, default=None)
+
+    def costs() -> dict:
+        cost = {"short": check_cost(engine, SHORT_PROMPT, a.cost_reps)}
+        if long_text is not None:
+            cost["long"] = check_cost(engine, long_text, a.cost_reps)
+        return cost
+
     if cost_only:
         from rsp_bench.records import machine_info
 
-        cost = {"short": check_cost(engine, SHORT_PROMPT, a.cost_reps), "long": check_cost(engine, long_text, a.cost_reps)}
+        cost = costs()
         report = {"model": engine.name, "detector": engine.detector_info(), "check_cost": cost,
                   "machine": machine_info(), "wall_s": round(time.monotonic() - t0, 1), "command": _command()}
         atomic_write_json(out, report)
@@ -339,7 +346,7 @@ def run(a: argparse.Namespace) -> int:
                "error": "false alarm" if it.group in ORDINARY else "miss", **dmg[it.id]}
               for it, r in zip(items, v) if it.id in dmg
               and ((it.group in ORDINARY and r["degraded"]) or (it.group in ODD and not r["degraded"]))]
-    cost = {"short": check_cost(engine, SHORT_PROMPT, a.cost_reps), "long": check_cost(engine, long_text, a.cost_reps)}
+    cost = costs()
 
     from rsp_bench.records import machine_info
 

@@ -135,3 +135,8 @@ def test_cost_only_measures_the_check_alone_and_writes_its_own_file(tiny_model_d
     rep = json.loads(out.read_text())
     assert set(rep["check_cost"]) == {"short", "long"} and "groups" not in rep
     assert "check cost, short prompt" in capsys.readouterr().out
+    # a file with no ordinary prompt has no long case to time: the short one alone, no traceback
+    path.write_text(_line(id="odd1", group="odd", kind="mash", lang="xx", text="qzxv kjh") + "\n", encoding="utf-8")
+    assert cli.main(["degradation", "--prompts", str(path), "--model", str(tiny_model_dir), "--out", str(out),
+                     "--cost-only", "--cost-reps", "1", "--quiet"]) == 0
+    assert set(json.loads(out.read_text())["check_cost"]) == {"short"}

@@ -374,3 +374,21 @@ def test_mojibake_counts_utf8_read_as_windows_1252(text: str, n: int) -> None:
 
     assert mojibake_count(text) == n
     assert (text_anomaly_reason(text) == "mojibake") == (n >= TextThresholds().mojibake_min)
+
+
+def test_no_normal_item_holds_a_mojibake_sequence() -> None:
+    """The rule's false-alarm claim (thresholds.py, docs/degradation.md): not one sequence in any
+    normal item of the project (every fixtures/normal_corpus part, the suites' prompts, SQuAD,
+    structured documents), so mojibake_min = 3 is far from ordinary text."""
+    import json
+
+    from reference_engine.degradation.text_rules import mojibake_count
+    from rsp_bench import datasets as ds
+
+    texts = [json.loads(line)["text"] for f in sorted((ds.fixtures_dir() / "normal_corpus").glob("*.jsonl"))
+             for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts += [p.text for p in ds.load_prompts()]
+    texts += [ds.squad_prompt(q) for q in ds.load_squad()] + [ds.structured_prompt(d) for d in ds.load_structured()]
+    assert len(texts) == 1373, len(texts)
+    hits = [t[:60] for t in texts if mojibake_count(t)]
+    assert not hits, hits

@@ -116,7 +116,7 @@ class TextThresholds:
     # is a character pair or triple that is one UTF-8 character once encoded back; a single one
     # can be a typo or a quoted example ("why does Ã© show up?"), so it takes this many. No
     # language writes such pairs: 0 of the 1,373 normal items (every fixtures/normal_corpus
-    # part, the suites' prompts, SQuAD, structured) hold even one.
+    # part, the suites' prompts, SQuAD, structured) hold even one (tests/test_degradation_text.py).
     mojibake_min: int = 3
     # A run of one punctuation or symbol character. Code reaches `)))))` (5-8), prose "!!!"
     # or "...", so 12 is already abnormal.
