@@ -117,11 +117,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 class _ModuleLast:
     """Moves tests marked ``rsp_module_last`` after the other tests of their module, keeping
-    every other order (``-p`` plugins that shuffle or reverse included): registered as its own
-    plugin so its hook can run last."""
+    every other order (``--rsp-reverse``, and ``-p`` plugins that shuffle or reverse): registered
+    as its own plugin so its hook can run last."""
 
     @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if config.getoption("--rsp-reverse", default=False):
+            items.reverse()
         last = [i for i in items if i.get_closest_marker("rsp_module_last") is not None]
         if not last:
             return

@@ -11,7 +11,8 @@ first one wrote, so they run side by side, each in its own folder (the page's co
 made worse), every session on one torch thread: 94 s -> 84 s for this test on 2 cores (`pytest
 suites/test_docs_custom_engine.py --rsp-quick --durations=3`, each way on the same machine). Skipped under another --rsp-engine (it tests the page, not that engine).
 
-Must NOT import torch or the engine (the inner sessions load it).
+Must NOT import torch or the engine (the inner sessions load it); the engine's torch-free cache
+paths (``reference_engine.model_loading.cache_root``) are all it reads.
 """
 
 from __future__ import annotations
@@ -52,14 +53,35 @@ def _page_folder(root: Path, adapter_code: str, conftest_code: str) -> Path:
     return root
 
 
+# What a session converts or compiles once per machine (the model converted from the wheel's
+# GGUF, the native decode kernel): the inner sessions read the outer session's copies rather than
+# redo them in their fresh HOME, 18 s of the first inner session (measured: its engine set-up
+# 24 s with an empty cache, 5 s with these). The reference outputs stay the inner sessions' own.
+SHARED_CACHE = ("models", "native", "gguf")
+
+
+def _inner_cache(home: Path) -> Path:
+    """A cache root for the inner sessions whose machine-level folders link to the outer one's."""
+    from reference_engine.model_loading import cache_root  # torch-free: paths only
+
+    root = home / "rsp-bench-cache"
+    root.mkdir(parents=True, exist_ok=True)
+    for name in SHARED_CACHE:
+        (cache_root() / name).mkdir(parents=True, exist_ok=True)
+        link = root / name
+        if not link.exists():
+            link.symlink_to(cache_root() / name, target_is_directory=True)
+    return root
+
+
 def _start(folder: Path, home: Path, args: list[str]) -> subprocess.Popen:
     """pytest in its own process in ``folder`` (which is on its PYTHONPATH, as the page asks),
     its output to a file: two of these run at once and neither may block on a full pipe. As
     pytester does: a HOME of its own (no user configuration; the sessions of this test share its
     caches, so the later ones read the reference outputs the first one computed) and no
-    PYTEST_ADDOPTS."""
+    PYTEST_ADDOPTS; its cache root links the outer one's converted model and kernel (SHARED_CACHE)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "TOX_ENV_DIR")}
-    env.update(HOME=str(home), USERPROFILE=str(home), OMP_NUM_THREADS=INNER_THREADS, MKL_NUM_THREADS=INNER_THREADS,
+    env.update(HOME=str(home), USERPROFILE=str(home), RSP_BENCH_CACHE=str(_inner_cache(home)), OMP_NUM_THREADS=INNER_THREADS, MKL_NUM_THREADS=INNER_THREADS,
                PYTHONPATH=os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "pytest", f"--basetemp={folder / 'tmp'}", *args]
     with open(folder / "session.log", "w", encoding="utf-8") as log:

@@ -352,3 +352,25 @@ def test_module_last_tests_follow_their_module_in_any_order(pytester: pytest.Pyt
     result = pytester.runpytest("--collect-only", "-q")
     names = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
     assert names == ["test_other", "test_bench_2", "test_bench_1", "test_record"], names
+
+
+def test_rsp_reverse_reverses_the_run_and_keeps_module_last(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_a="""
+        import pytest
+
+        @pytest.mark.rsp_module_last
+        def test_record():
+            pass
+
+        def test_bench_1():
+            pass
+
+        def test_bench_2():
+            pass
+    """, test_b="def test_other():\n    pass\n")
+    plain = pytester.runpytest("--collect-only", "-q")
+    result = pytester.runpytest("--collect-only", "-q", "--rsp-reverse")
+    names = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
+    assert names == ["test_other", "test_bench_2", "test_bench_1", "test_record"], names
+    assert [line.split("::")[-1] for line in plain.stdout.lines if "::" in line] == [
+        "test_bench_1", "test_bench_2", "test_record", "test_other"]

@@ -112,6 +112,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="after the suites, run `rsp-bench ab --base REF` (REF and this working tree "
                          "interleaved on this machine) and fail the session on a decided slowdown or a "
                          "quality regression: speed judged on a machine with no stored baseline")
+    group.addoption("--rsp-reverse", action="store_true", default=False,
+                    help="run the selected tests in reverse order (tests marked rsp_module_last still "
+                         "close their module): checks that no suite depends on another having run first")
     group.addoption("--rsp-subset-seed", metavar="N", default="0",
                     help="seed of the fixture subsets the suites draw (default 0, the baseline's); "
                          "another seed checks that figures reproduce on prompts nobody tuned to, "
