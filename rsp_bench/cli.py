@@ -452,6 +452,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
         "ab": ("A/B of a base ref and the working tree (or two URLs) on this machine: exit 1 on a decided slowdown",
                *lazy("ab.cli", "configure_parser", "run")),
         "gate": ("compare a run record with a baseline (exit 1 on regression)", *lazy("gate", "configure_gate_parser", "run_gate")),
+        "compare": ("do two run records hold the same deterministic figures? (exit 1 where they differ)",
+                    *lazy("records.compare", "configure_parser", "run")),
         "leaderboard": ("rebuild leaderboard tables from run records", *lazy("leaderboard", "configure_leaderboard_parser", "run_leaderboard")),
         "baseline": ("update or show baselines", *lazy("baselines", "configure_baseline_parser", "run_baseline")),
         "router-curve": ("the unit router's quality/speed curve against static removal of the same bytes (~35 min)",
@@ -493,6 +495,7 @@ class _VersionAction(argparse.Action):
 # Files named on the command line of the lazily loaded commands, checked here so the error names
 # the flag as typed whatever the command's own module says later.
 _INPUT_FILES = {"gate": (("baseline", "--baseline"), ("run", "--run"), ("policy", "--policy")),
+                "compare": (("a", "RUN_A"), ("b", "RUN_B")),
                 "tune": (("from_table", "--from-table"),), "degradation": (("prompts", "--prompts"),)}
 
 

@@ -451,21 +451,15 @@ def _reference_for(reference_answers: Mapping[str, Sequence[Output]], key: str, 
 # --------------------------------------------------------------------------- records
 
 
-SHARED_COMPUTE_METRICS = ("bypass_ratio", "blocks_executed_per_token")
-
-
 def record_metrics(builder: Any, spec: ConfigSpec, values: Mapping[str, MetricValue]) -> None:
     """Add every figure to the run record under ``spec.config_id`` (engine, mode,
     sensitivity and params stated explicitly, not parsed from the id).
 
-    The compute figures (bypass_ratio, blocks_executed_per_token) are also measured by the
-    throughput suite on its own prompts; whichever suite ran first keeps its figure, as there
-    is one value per name and configuration. Any other duplicate is a bug and raises.
+    One value per name and configuration: a duplicate is a bug and raises. (The throughput
+    suite's compute figures, on its own prompts, carry a batch suffix, ``bypass_ratio_b1``, so
+    the record holds the same figures whatever order the suites ran in.)
     """
-    existing = builder.record["configurations"].get(spec.config_id, {}).get("metrics", {})
     for name, mv in values.items():
-        if name in SHARED_COMPUTE_METRICS and name in existing:
-            continue
         builder.add_metric(spec.config_id, name, mv.value, mv.n, ci=mv.ci, unit=mv.unit,
                            engine=spec.engine, mode=spec.mode, sensitivity=spec.sensitivity,
                            params=spec.params or None)
