@@ -456,8 +456,8 @@ def record_metrics(builder: Any, spec: ConfigSpec, values: Mapping[str, MetricVa
     sensitivity and params stated explicitly, not parsed from the id).
 
     One value per name and configuration: a duplicate is a bug and raises. (The throughput
-    suite's compute figures, on its own prompts, carry a batch suffix, ``bypass_ratio_b1``, so
-    the record holds the same figures whatever order the suites ran in.)
+    suite records its compute figures, on its own prompts, only at batches above 1, with a
+    suffix such as ``_b4``, so a record holds the same figures whatever order the suites ran in.)
     """
     for name, mv in values.items():
         builder.add_metric(spec.config_id, name, mv.value, mv.n, ci=mv.ci, unit=mv.unit,

@@ -204,13 +204,13 @@ def test_record_metrics_states_config_and_refuses_a_second_figure_of_a_name() ->
                                machine={"fingerprint": "f", "hostname": "h", "platform": "p", "cpu": "c",
                                         "cores": 1, "memory_gb": 1.0, "gpu": None})
     spec = ConfigSpec("static-shortgpt/k=3", "static-shortgpt", "static", None, {"k": 3, "blocks": [4, 5, 6]})
-    # the throughput suite's figure on its own prompts has a name of its own: both are kept
-    builder.add_metric(spec.config_id, "bypass_ratio_b1", 0.2, n=10, unit="fraction", mode="static")
+    # the throughput suite's figure on its own prompts (batch 4) has a name of its own: both are kept
+    builder.add_metric(spec.config_id, "bypass_ratio_b4", 0.2, n=10, unit="fraction", mode="static")
     record_metrics(builder, spec, {"bypass_ratio": MetricValue(0.1, 5, None, "fraction"),
                                    "top1_agreement": MetricValue(0.7, 50, (0.6, 0.8), "fraction")})
     config = builder.build()["configurations"][spec.config_id]
     assert config["mode"] == "static" and config["params"]["blocks"] == [4, 5, 6]
-    assert config["metrics"]["bypass_ratio"]["value"] == 0.1 and config["metrics"]["bypass_ratio_b1"]["value"] == 0.2
+    assert config["metrics"]["bypass_ratio"]["value"] == 0.1 and config["metrics"]["bypass_ratio_b4"]["value"] == 0.2
     assert config["metrics"]["top1_agreement"] == {"value": 0.7, "n": 50, "ci": [0.6, 0.8], "unit": "fraction"}
     for name in ("top1_agreement", "bypass_ratio"):  # whichever suite would come second
         with pytest.raises(HarnessInputError, match=name):
