@@ -331,7 +331,7 @@ def test_ab_base_runs_rsp_bench_ab_and_its_exit_code_decides(monkeypatch, tmp_pa
         assert bool(failed) is fails, (rc, failed)
 
 
-def test_module_last_tests_follow_their_module_in_any_order(pytester: pytest.Pytester) -> None:
+def _module_last_files(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_a="""
         import pytest
 
@@ -345,32 +345,25 @@ def test_module_last_tests_follow_their_module_in_any_order(pytester: pytest.Pyt
         def test_bench_2():
             pass
     """, test_b="def test_other():\n    pass\n")
+
+
+def _collected(result: pytest.RunResult) -> list[str]:
+    return [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
+
+
+def test_module_last_tests_follow_their_module_in_any_order(pytester: pytest.Pytester) -> None:
+    _module_last_files(pytester)
     pytester.makeconftest("""
         def pytest_collection_modifyitems(items):
             items.reverse()
     """)
-    result = pytester.runpytest("--collect-only", "-q")
-    names = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
+    names = _collected(pytester.runpytest("--collect-only", "-q"))
     assert names == ["test_other", "test_bench_2", "test_bench_1", "test_record"], names
 
 
 def test_rsp_reverse_reverses_the_run_and_keeps_module_last(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_a="""
-        import pytest
-
-        @pytest.mark.rsp_module_last
-        def test_record():
-            pass
-
-        def test_bench_1():
-            pass
-
-        def test_bench_2():
-            pass
-    """, test_b="def test_other():\n    pass\n")
-    plain = pytester.runpytest("--collect-only", "-q")
-    result = pytester.runpytest("--collect-only", "-q", "--rsp-reverse")
-    names = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
-    assert names == ["test_other", "test_bench_2", "test_bench_1", "test_record"], names
-    assert [line.split("::")[-1] for line in plain.stdout.lines if "::" in line] == [
+    _module_last_files(pytester)
+    assert _collected(pytester.runpytest("--collect-only", "-q")) == [
         "test_bench_1", "test_bench_2", "test_record", "test_other"]
+    names = _collected(pytester.runpytest("--collect-only", "-q", "--rsp-reverse"))
+    assert names == ["test_other", "test_bench_2", "test_bench_1", "test_record"], names
