@@ -178,7 +178,7 @@ def _recorded(metric: str, batch: int) -> bool:
 def _add(rsp_record, config_id: str, name: str, fig: dict, spec) -> None:
     existing = rsp_record.record["configurations"].get(config_id, {}).get("metrics", {})
     if name in existing:
-        # one figure per name and configuration (the compute figures have names of their own)
+        # one figure per name and configuration (batch-1 compute figures are left out: _recorded)
         return
     rsp_record.add_metric(config_id, name, fig["value"], fig["n"], ci=fig["ci"], unit=fig["unit"],
                           samples=fig["samples"], engine=spec[0], mode=spec[1], sensitivity=spec[2])
