@@ -3,8 +3,9 @@ in its own worktree and worker process) must pass, come out token-identical, and
 round of both sides in its record. Deselect with ``-m "not ab"`` (measured 71 s on 2 cores at 4 prompts, 16 tokens and a 15 s budget; smaller now).
 
 The run is kept short (2 prompts, 8 tokens, ``--budget 6`` after the 4 rounds that always
-run, 8 timed tokens a call at batches 1 and 2: the speed phase 20 s -> about 8 s against the
-defaults' 16 tokens at batches 1 and 4): this checks the contract, not the power, which
+run, 8 timed tokens a call at batches 1 and 2 instead of the defaults' 16 at batches 1 and 4:
+this test 37 s -> 21 s, `pytest suites --rsp-quick --durations=40`, 2026-12-04): this checks the
+contract, not the power, which
 results/ab_power.json measures over many runs. A decided slowdown here would be a false alarm,
 and the A/A rate of those is measured under 5%, so this can fail on a bad day: that is a real
 finding about the statistics, not flakiness to retry.

@@ -64,13 +64,13 @@ def _inner_cache(home: Path) -> Path:
     """A cache root for the inner sessions whose machine-level folders link to the outer one's."""
     from reference_engine.model_loading import cache_root  # torch-free: paths only
 
-    root = home / "rsp-bench-cache"
+    root, outer = home / "rsp-bench-cache", cache_root().resolve()  # a relative RSP_BENCH_CACHE too
     root.mkdir(parents=True, exist_ok=True)
     for name in SHARED_CACHE:
-        (cache_root() / name).mkdir(parents=True, exist_ok=True)
+        (outer / name).mkdir(parents=True, exist_ok=True)
         link = root / name
         if not link.exists():
-            link.symlink_to(cache_root() / name, target_is_directory=True)
+            link.symlink_to(outer / name, target_is_directory=True)
     return root
 
 

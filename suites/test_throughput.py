@@ -46,8 +46,8 @@ QUICK_TOKENS = 16
 # alpha 0.01; results/gate_power.json). The batch-N figures are reported, not time-tested by
 # the gate (a _bN suffix), so quick mode runs them with one round per test.
 PAIRS_BATCH1 = 24
-# model.generate decodes at a third of the engine's speed, so its 16-token call was 46% of a
-# quick batch-1 round (1.1 s of 2.5 s). Its figure is a per-step median, so 8 tokens (7 steps)
+# model.generate decodes at a third of the engine's speed (15 against 45 tokens/s in the quick
+# run's record), so its 16-token call was about 1.1 s of a 2.5 s batch-1 round. Its figure is a per-step median, so 8 tokens (7 steps)
 # measure the same speed; the quick run's speedup_vs_hf_generate pairs stay 24. Full run: TOKENS.
 QUICK_HF_TOKENS = 8
 QUICK_ROUNDS_PER_TEST_BATCHED = 1
