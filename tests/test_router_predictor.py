@@ -35,13 +35,16 @@ def test_training_and_curve_prompts_are_not_in_the_fixtures() -> None:
     assert not set(up.TRAIN_PROMPTS) & set(curve.HELD_OUT_PROMPTS)
     assert not set(curve.TUNE_PROMPTS) & set(curve.HELD_OUT_PROMPTS)
     assert len(curve.HELD_OUT_PROMPTS) >= 16
-    # the fresh held-out file (fixtures/router_curve/): none of it a training, tune or built-in prompt
-    fresh = [json.loads(line)["text"] for line in
-             (ROOT / "fixtures" / "router_curve" / "heldout_2026-12-03.jsonl").read_text().splitlines() if line.strip()]
-    assert len(fresh) >= 16
+    # the fresh held-out files (fixtures/router_curve/): none of them a training, tune or built-in
+    # prompt, and no later file repeats an earlier one
     used = [q[:40].lower() for q in (*up.TRAIN_PROMPTS, *curve.TUNE_PROMPTS, *curve.HELD_OUT_PROMPTS)]
-    for q in fresh:
-        assert not any(q[:40].lower() == u or u in q.lower() for u in used), f"fresh held-out prompt already used: {q!r}"
+    for name, minimum in (("heldout_2026-12-03.jsonl", 16), ("heldout_2026-12-04.jsonl", 24)):
+        fresh = [json.loads(line)["text"] for line in
+                 (ROOT / "fixtures" / "router_curve" / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+        assert len(fresh) >= minimum, name
+        for q in fresh:
+            assert not any(q[:40].lower() == u or u in q.lower() for u in used), f"{name}: prompt already used: {q!r}"
+        used += [q[:40].lower() for q in fresh]
 
 
 def test_spearman_matches_known_values() -> None:
