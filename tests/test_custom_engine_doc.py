@@ -1,7 +1,7 @@
 """docs/custom-engine.md, run as written (registration): its example engine registered each of
 the three ways the page shows, and an unsupported mode refused before any test runs. The code
 comes from the page's own code blocks, so the page cannot drift from what works.
-suites/test_docs_custom_engine.py runs the rest of the page on the embedded model: baselined,
+tests/test_custom_engine_doc_end_to_end.py (slow) runs the rest of the page on the embedded model: baselined,
 gated green on an unchanged rerun, red once made worse.
 
 Must not load a model.

@@ -312,7 +312,7 @@ def test_ab_base_that_is_no_commit_is_a_usage_error_naming_it(pytester: pytest.P
 
 
 def test_ab_base_runs_rsp_bench_ab_and_its_exit_code_decides(monkeypatch, tmp_path) -> None:
-    # The wiring only (the real A/B runs in suites/test_ab.py): the command, and exit 1 failing the session.
+    # The wiring only (the real A/B runs in tests/test_ab_end_to_end.py, slow): the command, and exit 1 failing the session.
     from types import SimpleNamespace
 
     from rsp_bench.pytest_plugin import session

@@ -1,6 +1,8 @@
 """rsp-bench ab end to end, on the real engine: an A/A run (base and head at the same commit, each
 in its own worktree and worker process) must pass, come out token-identical, and keep every
-round of both sides in its record. Deselect with ``-m "not ab"`` (measured 71 s on 2 cores at 4 prompts, 16 tokens and a 15 s budget; smaller now).
+round of both sides in its record (markers ``ab`` and ``slow``: `pytest tests --run-slow -m slow`, the
+step CI runs after the unit tests; it tests the ``rsp-bench ab`` command, not an engine, so it moved
+from suites/ on 2026-12-04, 21-26 s of the quick suite). Deselect with ``-m "not ab"`` (measured 71 s on 2 cores at 4 prompts, 16 tokens and a 15 s budget; smaller now).
 
 The run is kept short (2 prompts, 8 tokens, ``--budget 6`` after the 4 rounds that always
 run, 8 timed tokens a call at batches 1 and 2 instead of the defaults' 16 at batches 1 and 4:
@@ -24,7 +26,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = [pytest.mark.ab, pytest.mark.reference_only]
+pytestmark = [pytest.mark.ab, pytest.mark.reference_only, pytest.mark.slow]
 SPEED_TOKENS = 8
 
 

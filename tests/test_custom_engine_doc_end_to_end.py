@@ -1,4 +1,4 @@
-"""docs/custom-engine.md, run as written on the embedded model (marker ``docs``): the example
+"""docs/custom-engine.md, run as written on the embedded model (markers ``docs`` and ``slow``): the example
 engine from the page's own code blocks, registered by the page's conftest, is baselined, passes
 an unchanged rerun under --rsp-ci, and fails the gate once made worse the way the page says
 (``max_skipped = 2``); the reference engine's baseline stays byte for byte as it was.
@@ -9,7 +9,11 @@ breaks every later model load of the outer session, so the suites would depend o
 nothing here writes to the project's results/. The two gated sessions only read the baseline the
 first one wrote, so they run side by side, each in its own folder (the page's code as written, and
 made worse), every session on one torch thread: 94 s -> 84 s for this test on 2 cores (`pytest
-suites/test_docs_custom_engine.py --rsp-quick --durations=3`, each way on the same machine). Skipped under another --rsp-engine (it tests the page, not that engine).
+suites/test_docs_custom_engine.py --rsp-quick --durations=3`, each way on the same machine, when it lived in suites/). Skipped under another --rsp-engine (it tests the page, not that engine).
+
+It tests rsp-bench's documentation, not an engine, so it lives with the harness's own tests (moved
+from suites/ on 2026-12-04: 55-72 s of the quick suite a user runs before a push); it starts torch
+processes, so it is ``slow``: `pytest tests --run-slow -m slow`, the step CI runs after the unit tests.
 
 Must NOT import torch or the engine (the inner sessions load it); the engine's torch-free cache
 paths (``reference_engine.model_loading.cache_root``) are all it reads.
@@ -28,7 +32,7 @@ import pytest
 from rsp_bench.doc_examples import code_blocks
 from rsp_bench.records import load_record
 
-pytestmark = [pytest.mark.docs, pytest.mark.reference_only]
+pytestmark = [pytest.mark.docs, pytest.mark.reference_only, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "custom-engine.md"
