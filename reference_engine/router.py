@@ -225,7 +225,8 @@ class UnitRouter:
 
     def __init__(self, calib: RouterCalibration, gate_weight, gate_bias, unit_bytes: np.ndarray,
                  block_bytes: int, batch: int, sensitivity: float, tau0: float, blacklist: frozenset[int],
-                 f_density: np.ndarray, f_watermark: float, native: bool = False):
+                 f_density: np.ndarray, f_watermark: float, native: bool = False,
+                 extra_protected: np.ndarray | None = None, tau_weight: np.ndarray | None = None):
         import torch
 
         from .model import UnitGate
@@ -243,6 +244,8 @@ class UnitRouter:
         self.protected = np.zeros(2 * L, dtype=bool)
         for layer in blacklist:
             self.protected[2 * layer:2 * layer + 2] = True
+        if extra_protected is not None:
+            self.protected |= np.asarray(extra_protected, dtype=bool)
         self.gate = UnitGate.allocate(torch.as_tensor(gate_weight), torch.as_tensor(gate_bias), batch)
         self._log_tau = self.gate.log_tau.numpy()
         self._decisions = self.gate.decisions.numpy()
@@ -253,7 +256,9 @@ class UnitRouter:
         # over steps (per row that ran every step; the engine keeps its own per-row count)
         self._counts = np.zeros(5, dtype=np.int64)
         self.tau_weight = np.ascontiguousarray(self.unit_bytes / self.block_bytes if UNIT_TAU_WEIGHT == "bytes"
-                                               else np.ones(2 * L))  # [2L]
+                                               else np.ones(2 * L), dtype=np.float64)  # [2L]
+        if tau_weight is not None:
+            self.tau_weight = np.ascontiguousarray(tau_weight, dtype=np.float64)
         self._ent_num = calib.entropy_ref + 0.5
         self._inv_grad_ref = 1.0 / np.maximum(calib.grad_ref, 1e-6)
         self._unit_block = np.repeat(np.arange(L), 2)

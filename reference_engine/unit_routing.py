@@ -26,6 +26,8 @@ from .router import RouterCalibration, density_factor, sample_watermark, waterma
 
 log = logging.getLogger("reference_engine")
 
+UNIT_PRIOR: tuple[int, float] | None = None  # experiment (scripts/choose_unit_prior.py): (K, lambda)
+
 
 class UnitRouting:
     """Mixed into ``Engine``: everything the unit router needs from it."""
@@ -71,9 +73,25 @@ class UnitRouting:
         wm = sample_watermark()[0] if cfg.hardware_watermark is None else cfg.hardware_watermark
         ub, bb = self.unit_bytes()
         internal = cfg.sensitivity if self._raw_unit_scale else self.sensitivity_scale().internal_for(cfg.sensitivity)
-        router = UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(pred.bias), ub, bb, len(rows),
-                            internal, cfg.tau0, cfg.blacklist_for(self.dims.n_layers), f_density,
-                            watermark_factor(wm), native=self.decode_kernel == "native")
+        blacklist = cfg.blacklist_for(self.dims.n_layers)
+        bias = pred.bias
+        prior = UNIT_PRIOR
+        if prior is not None:  # experiment: static candidates (impact per byte), per-token veto
+            k, lam = prior
+            share = ub / bb
+            order = sorted((u for u in range(len(ub)) if u // 2 not in blacklist),
+                           key=lambda u: (pred.impact[u] / share[u], u))
+            keep = set(order[k:])
+            blacklist_units = np.array([u in keep for u in range(len(ub))])
+            # score' = predicted / (lam * impact) * tau0: under tau0 (nominal factors) iff the
+            # token's predicted cost is under lam x the unit's mean cost
+            bias = (pred.bias + np.log(cfg.tau0) - np.log(lam * np.maximum(pred.impact, 1e-6))).astype(np.float32)
+            internal = 0.5
+        router = UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(bias), ub, bb, len(rows),
+                            internal, cfg.tau0, blacklist, f_density,
+                            watermark_factor(wm), native=self.decode_kernel == "native",
+                            extra_protected=None if prior is None else blacklist_units,
+                            tau_weight=None if prior is None else np.ones(len(ub)))
         router.internal_sensitivity = internal
         return router
 
