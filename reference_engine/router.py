@@ -43,6 +43,13 @@ EMA_ALPHA = 0.5  # recent tokens dominate: a score is about this token, not the 
 ENTROPY_EMA_ALPHA = 0.3
 FACTOR_LO, FACTOR_HI = 0.5, 2.0
 UNIT_TAU_WEIGHT = "bytes"  # UnitRouter: "bytes" (tau per block's worth of bytes saved) or "none"
+# The unit router's static prior (``static_prior``): a candidate unit goes on a token when its
+# predicted cost there is under UNIT_PRIOR_LAMBDA x its mean cost. 1.0 was chosen against 0.3 on
+# the development split (scripts/choose_unit_prior.py, results/unit_prior_dev.json): the same
+# quality per byte, and it reaches 6 blocks' worth with a third of the units as candidates.
+# None: no prior, the free router of before (every unit a candidate, its threshold in nats per
+# block's worth of bytes), kept for comparison.
+UNIT_PRIOR_LAMBDA: float | None = 1.0
 
 
 # ---- the four signals: each a documented formula of measured inputs, returning a factor ----
@@ -195,6 +202,36 @@ class Router:
         self.entropy = ENTROPY_EMA_ALPHA * entropy + (1 - ENTROPY_EMA_ALPHA) * self.entropy
 
 
+def static_prior(impact: np.ndarray, unit_bytes: np.ndarray, blacklist: frozenset[int] | set[int],
+                 candidate_share: float, bias: np.ndarray, tau0: float,
+                 lam: float = 1.0, floor: float = 1e-4) -> tuple[np.ndarray, np.ndarray]:
+    """The unit router's static prior: (candidates [2L] bool, gate bias [2L] float32).
+
+    Candidates are the units with the lowest mean cost per byte (``impact``: mean output KL with
+    the unit alone bypassed, on the predictor's training text; per byte its bypass saves), first
+    to last, while their bytes stay within ``candidate_share`` of all units outside the blacklist.
+    The bias is shifted so the gate's score reads predicted cost / (lam x mean cost) x tau0: under
+    the threshold at its nominal tau0 exactly when this token looks cheaper than lam x the unit's
+    average. The ordering is static removal's best (by impact per byte); the per-token score only
+    keeps a candidate on the tokens where it predicts that bypassing costs more than usual.
+    ``floor``: the predictor's KL floor (it predicts KL + floor), added to the mean cost so that
+    both sides of the comparison carry it."""
+    ub = np.asarray(unit_bytes, dtype=np.float64)
+    impact = np.maximum(np.asarray(impact, dtype=np.float64), 0.0) + floor
+    eligible = [u for u in range(len(ub)) if u // 2 not in blacklist]
+    order = sorted(eligible, key=lambda u: (impact[u] / ub[u], u))
+    budget = float(candidate_share) * float(ub[eligible].sum()) if eligible else 0.0
+    candidates = np.zeros(len(ub), dtype=bool)
+    used = 0.0
+    for u in order:
+        if used + ub[u] > budget * (1 + 1e-12):
+            break
+        candidates[u] = True
+        used += ub[u]
+    shifted = np.asarray(bias, dtype=np.float64) + np.log(tau0) - np.log(lam * impact)
+    return candidates, shifted.astype(np.float32)
+
+
 class UnitRouter:
     """The per-token unit router: attention and MLP of every block decided apart, inside the step.
 
@@ -206,6 +243,13 @@ class UnitRouter:
 
         tau[b, u] = clamp(tau0 * f_density * f_entropy * f_gradient_l * f_watermark * sensitivity / 0.5,
                           0.001, 0.15)
+
+    With the static prior (``static_prior``, the engine's default: ``UNIT_PRIOR_LAMBDA`` 1.0) only
+    candidate units may go, the ones with the lowest mean cost per byte within the candidate share
+    the sensitivity asks for; the others are protected like a blacklisted block's. The gate's
+    bias is shifted so the score reads this token's predicted cost relative to the unit's mean
+    (x tau0), tau_weight is 1 and the sensitivity argument 0.5: a candidate goes when
+    predicted / mean cost < f_density * f_entropy * f_gradient_l * f_watermark (clamped as above).
 
     The four factors depend only on earlier tokens, so plan() sets the thresholds before the step
     and the per-token decision needs no Python. A blacklisted block's two units never go. No probe

@@ -2,11 +2,11 @@
 
 Sensitivity s in [0, 1] asks the unit router to leave about ``s * SHARE_AT_FULL`` of the weight
 bytes a decode token reads with pruning off unread (0.5: a tenth, an ideal speed-up of 1/0.9 =
-1.11x on a memory-bound machine). The router's own threshold (nats of predicted output KL per
-block's worth of bytes, router.UnitRouter) moves with the text, so no single threshold holds a
-share on every prompt: the scale is *calibrated*, per weights, on free-running greedy generation
-of ``TUNE_PROMPTS`` at batch 1 (the detector suspended, watermark pinned to 0), and maps s to the
-threshold scale whose mean share there is the target. On other text the share differs; the README
+1.11x on a memory-bound machine). The router's internal scale is the share of unit bytes that
+are candidates (router.static_prior); which candidates go on a token depends on the text, so no
+internal value holds a share on every prompt: the scale is *calibrated*, per weights, on
+free-running greedy generation of ``TUNE_PROMPTS`` at batch 1 (the detector suspended, watermark
+pinned to 0), and maps s to the internal value whose mean share there is the target. On other text the share differs; the README
 gives the measured spread on prompts that chose nothing (``rsp-bench sensitivity-scale``).
 
 The block router (``router="block"``, the default) keeps its own meaning (tau0 * sensitivity / 0.5).
@@ -32,11 +32,11 @@ from .calibration import atomic_write
 if TYPE_CHECKING:
     from .engine import Engine
 
-SCALE_VERSION = 1
+SCALE_VERSION = 2  # 2: the internal scale is the static prior's candidate share (router.static_prior)
 SHARE_AT_FULL = 0.20  # sensitivity 1.0 asks for a fifth of a decode token's weight bytes not read
 FIT_TOKENS = 64
-# Internal threshold scales tried by ``fit`` (the router's sensitivity argument, tau ~ tau0 * x / 0.5).
-FIT_GRID = (0.005, 0.01, 0.02, 0.035, 0.05, 0.07, 0.1, 0.14, 0.2, 0.28, 0.4)
+# Internal scales tried by ``fit``: the share of unit bytes that are candidates (router.static_prior).
+FIT_GRID = (0.02, 0.04, 0.06, 0.08, 0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75)
 
 # The choosing split of the unit router's design (DESIGN.md section 9): written for the router's
 # curve, neither the predictor's training text (unit_predictor.TRAIN_PROMPTS) nor a held-out set.

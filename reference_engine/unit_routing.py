@@ -26,8 +26,6 @@ from .router import RouterCalibration, density_factor, sample_watermark, waterma
 
 log = logging.getLogger("reference_engine")
 
-UNIT_PRIOR: tuple[int, float] | None = None  # experiment (scripts/choose_unit_prior.py): (K, lambda)
-
 
 class UnitRouting:
     """Mixed into ``Engine``: everything the unit router needs from it."""
@@ -63,6 +61,8 @@ class UnitRouting:
         return found
 
     def _make_unit_router(self, rows: list[PromptRow], cfg: PruningConfig, cal: calib_mod.Calibration):
+        from . import router as router_mod
+        from . import unit_predictor as up
         from .router import UnitRouter
 
         pred = self.unit_predictor()
@@ -74,24 +74,17 @@ class UnitRouting:
         ub, bb = self.unit_bytes()
         internal = cfg.sensitivity if self._raw_unit_scale else self.sensitivity_scale().internal_for(cfg.sensitivity)
         blacklist = cfg.blacklist_for(self.dims.n_layers)
-        bias = pred.bias
-        prior = UNIT_PRIOR
-        if prior is not None:  # experiment: static candidates (impact per byte), per-token veto
-            k, lam = prior
-            share = ub / bb
-            order = sorted((u for u in range(len(ub)) if u // 2 not in blacklist),
-                           key=lambda u: (pred.impact[u] / share[u], u))
-            keep = set(order[k:])
-            blacklist_units = np.array([u in keep for u in range(len(ub))])
-            # score' = predicted / (lam * impact) * tau0: under tau0 (nominal factors) iff the
-            # token's predicted cost is under lam x the unit's mean cost
-            bias = (pred.bias + np.log(cfg.tau0) - np.log(lam * np.maximum(pred.impact, 1e-6))).astype(np.float32)
-            internal = 0.5
-        router = UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(bias), ub, bb, len(rows),
-                            internal, cfg.tau0, blacklist, f_density,
-                            watermark_factor(wm), native=self.decode_kernel == "native",
-                            extra_protected=None if prior is None else blacklist_units,
-                            tau_weight=None if prior is None else np.ones(len(ub)))
+        native = self.decode_kernel == "native"
+        lam = router_mod.UNIT_PRIOR_LAMBDA
+        if lam is None:  # the free router: ``internal`` scales its threshold (nats per block's worth)
+            router = UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(pred.bias), ub, bb, len(rows),
+                                internal, cfg.tau0, blacklist, f_density, watermark_factor(wm), native=native)
+        else:  # ``internal`` is the share of unit bytes that are candidates; the threshold stays nominal
+            candidates, bias = router_mod.static_prior(pred.impact, ub, blacklist, internal, pred.bias, cfg.tau0, lam,
+                                                      floor=up.KL_FLOOR)
+            router = UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(bias), ub, bb, len(rows),
+                                0.5, cfg.tau0, blacklist, f_density, watermark_factor(wm), native=native,
+                                extra_protected=~candidates, tau_weight=np.ones(len(ub)))
         router.internal_sensitivity = internal
         return router
 
@@ -123,7 +116,9 @@ class UnitRouting:
     @contextmanager
     def raw_unit_scale(self) -> Iterator[None]:
         """For calibration and curves only: within it the unit router takes ``sensitivity`` as
-        its threshold scale directly (tau ~ tau0 * sensitivity / 0.5), not through the scale."""
+        its internal scale directly, not through the sensitivity scale: the share of unit bytes
+        that are candidates (router.static_prior), or with no prior (router.UNIT_PRIOR_LAMBDA
+        None) the threshold scale (tau ~ tau0 * sensitivity / 0.5)."""
         before, self._raw_unit_scale = self._raw_unit_scale, True
         try:
             yield

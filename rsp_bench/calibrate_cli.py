@@ -91,6 +91,6 @@ def calibrate_scale(engine, args: argparse.Namespace) -> None:
         print(f"sensitivity scale written to {where}", file=sys.stderr)
     rows = [(f"{s:.2f}", f"{scale.target_share(s):.1%}", f"{scale.internal_for(s):.4f}") for s in (0.25, 0.5, 0.75, 1.0)]
     print(tabulate(rows, headers=["sensitivity", "target share of decode weight bytes not read",
-                                  "unit router threshold scale"]))
+                                  "unit router candidate share (internal)"]))
     print(f"sensitivity scale: fitted on {scale.prompts} prompts x {scale.tokens} tokens ({scale.kernel} kernel, "
           f"{scale.seconds} s); the most it measured: {scale.max_share:.1%}")

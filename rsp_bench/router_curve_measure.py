@@ -23,8 +23,9 @@ result on the leaderboard).
    The first and last blocks are excluded for all three (the router's default blacklist).
 3. Speed: greedy decode, pruning off vs the router, interleaved A B A B in this process, on the
    engine's kernel; the ideal speed-up from the bytes not read; the router time per token.
-Writes the JSON atomically. The sensitivities here are the router's own threshold scales
-(``Engine.raw_unit_scale``), not the user scale of reference_engine/sensitivity_scale.py.
+Writes the JSON atomically. The sensitivities here are the router's own internal scale
+(``Engine.raw_unit_scale``: the static prior's candidate share, router.static_prior), not the
+user scale of reference_engine/sensitivity_scale.py.
 
 Must not import the pytest plugin; imports torch and the engine (it is loaded only when the
 command runs).

@@ -10,6 +10,10 @@ fixtures/router_curve/heldout_2026-12-03.jsonl, both used to compare designs bef
 static removals of the same bytes. The blind file fixtures/router_curve/heldout_2026-12-04.jsonl
 is not read here: it reports the chosen design once, through ``rsp-bench router-curve``.
 
+results/unit_prior_dev.json was measured at de293b0, where the experiment's hook took K itself;
+here K becomes the candidate share that holds exactly the first K units (the same candidates),
+and the mean cost carries the predictor's KL floor (1e-4 nats; the smallest mean cost is 0.003).
+
 Must not be imported by the engine or the harness; it records a design decision.
 """
 
@@ -25,7 +29,7 @@ import numpy as np
 import torch
 
 from reference_engine import Engine
-from reference_engine import unit_routing
+from reference_engine import router as router_mod
 from rsp_bench.router_curve_measure import HELD_OUT_PROMPTS, Case, Removal, _write_atomic, router_point, static_orders
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +65,7 @@ def main() -> int:
         dev_prompts = dev_prompts[:2]
     L = engine.dims.n_layers
     blacklist = {0, L - 1}
+    default_lambda = router_mod.UNIT_PRIOR_LAMBDA
     orders = static_orders(engine, pred, blacklist)
     ub, bb = engine.unit_bytes()
     cum = np.cumsum([ub[g[0]] for g in orders["unit_impact_per_byte"]]) / bb
@@ -72,13 +77,15 @@ def main() -> int:
         dev = [Case(engine, p, args.tokens) for p in dev_prompts]
         statics = {name: Removal(engine, dev, g) for name, g in orders.items()}
         for x in [float(v) for v in args.xs.split(",") if v]:
-            unit_routing.UNIT_PRIOR = None
+            router_mod.UNIT_PRIOR_LAMBDA = None
             rows.append(_point(engine, dev, statics, {"design": "router", "x": x}))
+        eligible = float(sum(ub[g[0]] for g in orders["unit_impact_per_byte"]))
         for lam in [float(v) for v in args.lambdas.split(",") if v]:
-            for k in ks:
-                unit_routing.UNIT_PRIOR = (k, lam)
-                rows.append(_point(engine, dev, statics, {"design": "prior", "lambda": lam, "k": k}))
-    unit_routing.UNIT_PRIOR = None
+            for k in ks:  # the candidate share that holds exactly the first k units
+                router_mod.UNIT_PRIOR_LAMBDA = lam
+                x = float(cum[k - 1] * bb) / eligible
+                rows.append(_point(engine, dev, statics, {"design": "prior", "lambda": lam, "k": k, "x": x}))
+    router_mod.UNIT_PRIOR_LAMBDA = default_lambda
     result = {"what": __doc__.split("\n")[0], "command": "python scripts/choose_unit_prior.py " + " ".join(sys.argv[1:]),
               "dev_prompts": len(dev_prompts), "tokens": args.tokens, "threads": torch.get_num_threads(),
               "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}

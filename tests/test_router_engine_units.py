@@ -68,7 +68,7 @@ def test_sensitivity_spans_from_nothing_upward(unit_engine):
     blacklist = (0, unit_engine.dims.n_layers - 1)
     got = []
     for s in (0.0, 0.25, 0.5, 1.0):
-        r = _gen(unit_engine, sensitivity=s, tau0=1.0, layer_blacklist=blacklist)
+        r = _gen(unit_engine, sensitivity=s, layer_blacklist=blacklist)
         got.append(r.stats["bypassed_weight_bytes"])
     assert got[0] == 0
     assert got == sorted(got) and got[-1] > 0, got
@@ -77,7 +77,7 @@ def test_sensitivity_spans_from_nothing_upward(unit_engine):
 def test_detailed_log_shows_units_and_bytes_add_up(unit_engine):
     buf = io.StringIO()
     L = unit_engine.dims.n_layers
-    r = _gen(unit_engine, sensitivity=1.0, tau0=1.0, log_level="DETAILED", log_file=buf, layer_blacklist=(1,))
+    r = _gen(unit_engine, sensitivity=1.0, log_level="DETAILED", log_file=buf, layer_blacklist=(1,))
     lines = [json.loads(x) for x in buf.getvalue().splitlines()]
     units = [x for x in lines if x["event"] == "unit"]
     assert len(units) == 2 * L * (r.stats["total_tokens"] - 1)

@@ -182,9 +182,10 @@ def test_engine_logs_and_stats_are_the_same_with_the_router_in_c(unit_engine, mo
         if patch:
             monkeypatch.setattr(type(unit_engine), "_make_unit_router", python_router)
         buf = io.StringIO()
-        [r] = unit_engine.generate(["the quick brown fox jumps over the lazy dog"], max_new_tokens=12,
-                                   mode="lossy", router="unit", sensitivity=1.0, tau0=1.0, hardware_watermark=0.0,
-                                   log_level="DETAILED", log_file=buf, layer_blacklist=(1,))
+        with unit_engine.raw_unit_scale():  # every unit a candidate
+            [r] = unit_engine.generate(["the quick brown fox jumps over the lazy dog"], max_new_tokens=12,
+                                       mode="lossy", router="unit", sensitivity=1.0, hardware_watermark=0.0,
+                                       log_level="DETAILED", log_file=buf, layer_blacklist=(1,))
         units = [json.loads(x) for x in buf.getvalue().splitlines() if '"event": "unit"' in x]
         runs.append((r, units))
     (rc, uc), (rp, up_) = runs
