@@ -41,8 +41,9 @@ class PruningConfig:
     router: which lossy router decides: "block" (router.Router: whole blocks, EMA scores of
         earlier tokens, probe steps) or "unit" (router.UnitRouter: attention and MLP apart, scores
         predicted from this token's own unit inputs inside the decode step; unit_predictor.py).
-        The block router stays the default: on the suites' own prompts the unit router does not
-        beat static removal of the same bytes (README, "Per-token unit router").
+        The unit router routes among the static prior's candidates (router.static_prior). The
+        block router stays the default: on prompts nobody tuned to, the unit router ties the best
+        static removal of the same bytes rather than beating it (docs/unit-router.md).
     static_attn_bypass / static_mlp_bypass: in "static" mode, blocks whose attention / MLP alone
         is bypassed on every decode token (per-unit static removal, the baseline at equal bytes).
     """
