@@ -6,8 +6,9 @@ bytes a decode token reads with pruning off unread (0.5: a tenth, an ideal speed
 are candidates (router.static_prior); which candidates go on a token depends on the text, so no
 internal value holds a share on every prompt: the scale is *calibrated*, per weights, on
 free-running greedy generation of ``TUNE_PROMPTS`` at batch 1 (the detector suspended, watermark
-pinned to 0), and maps s to the internal value whose mean share there is the target. On other text the share differs; the README
-gives the measured spread on prompts that chose nothing (``rsp-bench sensitivity-scale``).
+pinned to 0), and maps s to the internal value whose mean share there is the target. On other
+text the share differs; the README gives the measured spread on prompts that chose nothing
+(``rsp-bench sensitivity-scale``).
 
 The block router (``router="block"``, the default) keeps its own meaning (tau0 * sensitivity / 0.5).
 

@@ -1,14 +1,18 @@
 """Design choice for the unit router's static prior (issue 25), on the development split only.
 
-    python scripts/choose_unit_prior.py [--lambdas none,1,2] [--out results/unit_prior_dev.json]
+    python scripts/choose_unit_prior.py [--lambdas 0.3,1] [--ks 6,8,10] [--xs 0.1,0.2]
+                                        [--out results/unit_prior_dev.json]
 
-For each prior factor lambda (router.UNIT_PRIOR_LAMBDA; none = no prior, the router before this
-change), the curve of ``rsp-bench router-curve`` without its speed part: threshold scales chosen
-on TUNE_PROMPTS for 1..6 blocks' worth of weight bytes per decode token, then teacher-forced top-1
-and mean KL against pruning off on the development prompts (the built-in HELD_OUT_PROMPTS and
-fixtures/router_curve/heldout_2026-12-03.jsonl, both used to compare designs before), beside the
-static removals of the same bytes. The blind file fixtures/router_curve/heldout_2026-12-04.jsonl
-is not read here: it reports the chosen design once, through ``rsp-bench router-curve``.
+Teacher-forced top-1 and mean KL against pruning off on the development prompts (the built-in
+HELD_OUT_PROMPTS and fixtures/router_curve/heldout_2026-12-03.jsonl, both used to compare designs
+before), 32 tokens each, beside every static removal of the same bytes (interpolated at the
+router's measured bytes, as ``rsp-bench router-curve`` does), for
+- the static prior at each lambda (router.UNIT_PRIOR_LAMBDA) and each candidate count K (the
+  first K units by impact per byte; default: the K whose bytes are 1.5 to 9 blocks' worth), and
+- the free router (UNIT_PRIOR_LAMBDA None) at each raw threshold scale of ``--xs``.
+No sensitivity is tuned: every row is compared at the bytes it measured. The blind file
+fixtures/router_curve/heldout_2026-12-04.jsonl is not read here: it reports the chosen design
+once, through ``rsp-bench router-curve``.
 
 results/unit_prior_dev.json was measured at de293b0, where the experiment's hook took K itself;
 here K becomes the candidate share that holds exactly the first K units (the same candidates),
@@ -49,7 +53,7 @@ def _point(engine, dev, statics, label: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lambdas", default="1,2")
+    ap.add_argument("--lambdas", default="0.3,1", help="prior factors, comma list")
     ap.add_argument("--ks", default="")
     ap.add_argument("--xs", default="0.1,0.2,0.3,0.4,0.5,0.75", help="raw scales of the router without prior")
     ap.add_argument("--tokens", type=int, default=32)
