@@ -13,12 +13,13 @@ Must not import the harness (``rsp_bench``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from .errors import PromptError
 from .generation import GenerationResult, PromptRow, check_rows_fit
 from .model import BypassMap, KVCache, decode_step, prefill, weights_from_hf
 from .model_loading import cache_root, file_digest, load_hf_model, load_tokenizer, resolve_model
+from .prefill_memo import PrefillMemo
 from .protective_degradation import ProtectiveDegradation
 from .unit_routing import UnitRouting
 from .router import (Router, RouterCalibration, density_factor, density_of_text, sample_watermark,
@@ -104,6 +106,7 @@ class Engine(UnitRouting, ProtectiveDegradation):
         self.decode_kernel = default_decode_kernel()
         self._degradation_suspended = False
         self._raw_unit_scale = False
+        self._prefill_memo: PrefillMemo | None = None  # memoized_prefill
 
     # ---- loading ----
     @classmethod
@@ -263,7 +266,7 @@ class Engine(UnitRouting, ProtectiveDegradation):
                                sum(unit_bytes[2 * i + 1] for i, k in enumerate(static_mlp) if not k))
         hidden: list[torch.Tensor] | None = [] if prunes else None
         # A lossy request's prompt logits come out of the degradation check's head pass (below).
-        logits = prefill(w, cache, ids, positions, key_valid, hidden_out=hidden, head=self._head(), logits=not prunes)
+        logits = self._prefill(rows, cache, ids, positions, key_valid, hidden, prunes)
         router = None
         router_time = 0.0  # per-token plan + observe: the cost the issue bounds per decode token
         setup_time = 0.0  # once per request: degradation checks, density, router construction
@@ -392,6 +395,42 @@ class Engine(UnitRouting, ProtectiveDegradation):
             results.append(res)
         self._emit_logs(cfg, results, detail_lines, log_file)
         return results
+
+    def _prefill(self, rows: list[PromptRow], cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
+                 key_valid: torch.Tensor, hidden: list[torch.Tensor] | None, prunes: bool) -> torch.Tensor | None:
+        """Prefill the prompts into ``cache`` (appending the streams to ``hidden`` when given); with
+        ``memoized_prefill`` on, a batch-1 prompt seen before is copied from the memo instead."""
+        memo = self._prefill_memo if len(rows) == 1 else None
+        if memo is None:
+            return prefill(self.weights, cache, ids, positions, key_valid, hidden_out=hidden, head=self._head(),
+                           logits=not prunes)
+        key = (tuple(rows[0].ids), self.decode_kernel)
+        entry = memo.get(key)
+        if entry is None:  # keep everything a later request of any mode may want
+            streams: list[torch.Tensor] = []
+            logits = prefill(self.weights, cache, ids, positions, key_valid, hidden_out=streams, head=self._head())
+            memo.put(key, cache, streams, logits)
+        else:
+            entry.restore(cache)
+            streams, logits = [h.clone() for h in entry.hidden], entry.logits.clone()
+        if hidden is not None:
+            hidden.extend(streams)
+        return None if prunes else logits
+
+    @contextlib.contextmanager
+    def memoized_prefill(self, max_bytes: int = 1 << 30) -> Iterator[PrefillMemo]:
+        """Within the block, batch-1 prefills are kept (up to ``max_bytes``, least recently used
+        dropped) and reused for the same prompt ids: the same bits, none of the prefill time. For
+        quality measurement only; timings taken inside the block leave out the prefill. Nested
+        blocks share the outer memo."""
+        if self._prefill_memo is not None:
+            yield self._prefill_memo
+            return
+        self._prefill_memo = PrefillMemo(max_bytes)
+        try:
+            yield self._prefill_memo
+        finally:
+            self._prefill_memo = None
 
     def _rerun_degraded(self, rows, max_new, cfg, temperature, seed, forced, log_file, reason, keep_logits=False,
                         on_token=None, stop_check=None):

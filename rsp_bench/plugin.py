@@ -12,6 +12,8 @@ Suites under ``suites/`` use these session fixtures (the names are a contract):
   rsp_config             one ConfigSpec; a test that takes it is parametrized over rsp_configs
   rsp_reference_outputs  cache of unpruned reference generations per prompt set, so every
                          configuration is compared against one reference run
+  rsp_prefill_once       module scope: each batch-1 prompt prefilled once for the module's
+                         configurations (the quality suites use it; the same bits, no prefill time)
   rsp_record             the session's RunRecordBuilder; suites call add_metric on it
 
 At session end, if any metric was added, the record is written atomically to
@@ -60,6 +62,7 @@ from rsp_bench.pytest_plugin.fixtures import (  # noqa: F401  (fixtures: pytest 
     rsp_engine,
     rsp_options,
     rsp_peer,
+    rsp_prefill_once,
     rsp_record,
     rsp_reference_outputs,
 )

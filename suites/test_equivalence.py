@@ -26,7 +26,7 @@ from rsp_bench.plugin import get_options
 from rsp_bench.budgets import budget_for, check_budget, load_budgets
 from rsp_bench.quality import equivalence_metrics, interpolated_metrics, record_metrics
 
-pytestmark = pytest.mark.equivalence
+pytestmark = [pytest.mark.equivalence, pytest.mark.usefixtures("rsp_prefill_once")]
 
 BUDGETS = Path(__file__).with_name("budgets.toml")
 # Quick sizes keep `pytest suites --rsp-quick` under 10 minutes on a 2-core CPU whose

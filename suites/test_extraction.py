@@ -27,7 +27,7 @@ from rsp_bench import datasets as ds
 from rsp_bench.budgets import budget_for, check_budget, load_budgets
 from rsp_bench.quality import extraction_metrics, extraction_prompts, record_metrics
 
-pytestmark = pytest.mark.extraction
+pytestmark = [pytest.mark.extraction, pytest.mark.usefixtures("rsp_prefill_once")]
 
 BUDGETS = Path(__file__).with_name("budgets.toml")
 QUICK_SQUAD, QUICK_DOCS = 12, 6  # JSON answers are 4x longer: see test_equivalence's sizes note

@@ -1,6 +1,7 @@
 """The session fixtures of the rsp-bench pytest plugin (the names are a contract with the
 suites; rsp_bench.plugin's docstring lists them): rsp_options, rsp_record, rsp_engine,
-rsp_adapter_for, rsp_adapter, rsp_peer, rsp_configs, rsp_config, rsp_reference_outputs.
+rsp_adapter_for, rsp_adapter, rsp_peer, rsp_configs, rsp_config, rsp_reference_outputs,
+rsp_prefill_once.
 
 Must NOT import rsp_bench.plugin or rsp_bench.pytest_plugin.session; only .options and
 .state. Must NOT import torch, transformers, reference_engine or rsp_bench.quality at module
@@ -63,6 +64,20 @@ def rsp_engine(pytestconfig: pytest.Config, rsp_options: RspOptions, rsp_record:
     # file, or the weaker fallback when none fits the weights).
     rsp_record.set_extra("degradation_detector", engine.detector_info())
     return engine
+
+
+@pytest.fixture(scope="module")
+def rsp_prefill_once(rsp_engine):
+    """For a quality suite's module: the reference engine prefills each batch-1 prompt once for
+    all the module's configurations and teacher-forced passes (``Engine.memoized_prefill``). The
+    stored tensors are the same bits, so no figure moves; a timing taken inside leaves the prefill
+    out, so the throughput suite does not use it."""
+    memoized = getattr(rsp_engine, "memoized_prefill", None)
+    if memoized is None:
+        yield None
+        return
+    with memoized() as memo:
+        yield memo
 
 
 @pytest.fixture(scope="session")
