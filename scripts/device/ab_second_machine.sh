@@ -67,12 +67,11 @@ echo "base $BASE head15 $HEAD15" | tee -a "$OUT/environment.txt"
 AB_REPEAT_AA=${AB_REPEAT_AA:-2}; AB_REPEAT_SLOW=${AB_REPEAT_SLOW:-3}
 # The slowdown first: it is the check no other machine has made.
 log "planted 15% slowdown x $AB_REPEAT_SLOW"
-$PY -m rsp_bench.cli ab --base "$BASE" --head "$HEAD15" --model "$MODEL" --repeat "$AB_REPEAT_SLOW" \
-  --power-out "$OUT/ab_power_second_machine.json" --power-name slow15_second_machine \
+$PY -m rsp_bench.cli ab --base "$BASE" --head "$HEAD15" --model "$MODEL" --repeat "$AB_REPEAT_SLOW" ${AB_ARGS:-} \
+  --power-out "$OUT/ab_power_second_machine.json" --power-name "slow15_second_machine${AB_NAME_SUFFIX:-}" \
   --power-note "head = base + one extra pass over 84% of the LM head's rows per decode step; device tool's machine (CPU side), random weights of SmolLM2-135M's shapes" \
   --out "$OUT/ab_slow15_last.json" 2>&1 | tee -a "$OUT/ab.log"
-log "A/A x $AB_REPEAT_AA"
-$PY -m rsp_bench.cli ab --base "$BASE" --head "$BASE" --model "$MODEL" --repeat "$AB_REPEAT_AA" \
+[ "$AB_REPEAT_AA" -gt 0 ] && log "A/A x $AB_REPEAT_AA" && $PY -m rsp_bench.cli ab --base "$BASE" --head "$BASE" --model "$MODEL" --repeat "$AB_REPEAT_AA" \
   --power-out "$OUT/ab_power_second_machine.json" --power-name aa_second_machine \
   --power-note "A/A on the device tool's machine (CPU side), random weights of SmolLM2-135M's shapes" \
   --out "$OUT/ab_aa_last.json" 2>&1 | tee -a "$OUT/ab.log"
