@@ -392,3 +392,30 @@ def test_no_normal_item_holds_a_mojibake_sequence() -> None:
     assert len(texts) == 1373, len(texts)
     hits = [t[:60] for t in texts if mojibake_count(t)]
     assert not hits, hits
+
+
+# Across words (2026-12-04): a salad of words from many scripts, with only spaces between them,
+# fires; the same words with punctuation or line breaks between them (a glossary, a quoted word)
+# do not, nor two scripts however mixed.
+WORD_SALAD = "дорога كتاب mkate หนังสือ みち あした غيمة pequeño стол あした стол luna njia puerta"
+
+
+@pytest.mark.parametrize("text, reason", [
+    (WORD_SALAD, "script_mixing"),
+    ("ሥሄ पञठञङथसग ხოთ წპვოთძტ ჰწფ шгящжвнв rzfbvkky عضصرزخ ք มพญ", "script_mixing"),
+    ("window: окно, Fenster, 窓, نافذة; bread: хлеб, Brot, パン, خبز; river: река, Fluss, 川, نهر", None),
+    ("Give me JSON for this glossary\nwindow окно Fenster\nbread хлеб Brot\nriver река Fluss\nroad дорога Weg", None),
+    ("Translate окно and хлеб into English please, then into Greek: παράθυρο ψωμί", None),
+    ("Как сказать house и book по-английски? house это дом, book это книга, road это дорога", None),
+])
+def test_word_level_script_mixing(text, reason):
+    assert text_anomaly_reason(text) == reason
+
+
+def test_word_level_script_mixing_counts_only_plain_gaps():
+    from reference_engine.degradation.scan import _scan as scan
+
+    s = scan(WORD_SALAD)
+    assert s.script_words == 14 and len(s.word_scripts) >= 3 and s.word_switches >= 10
+    punctuated = scan(WORD_SALAD.replace(" ", ", "))
+    assert punctuated.word_switches == 0 and text_anomaly_reason(WORD_SALAD.replace(" ", ", ")) is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .chars import (
     _ALWAYS_INVISIBLE,
@@ -65,6 +65,11 @@ class _Scan:
     max_groups_in_word: int = 0
     mixed_words: int = 0
     words: int = 0
+    # Across words: words of one script (2+ letters), the scripts they use, and how often a word's
+    # script differs from the previous such word's when only spaces stand between them.
+    script_words: int = 0
+    word_scripts: set = field(default_factory=set)
+    word_switches: int = 0
 
 
 def _scan(text: str) -> _Scan:
@@ -81,15 +86,26 @@ def _scan(text: str) -> _Scan:
     word_letters = 0
     word_is_cjk: bool | None = None
     foreign_kinds: set[int] = set()
+    prev_word_script: str | None = None
+    plain_gap = True  # only spaces since the previous word (no punctuation, digit, symbol, line break)
 
     def end_word() -> None:
-        nonlocal word_groups, word_letters, word_is_cjk
+        nonlocal word_groups, word_letters, word_is_cjk, prev_word_script, plain_gap
         if word_letters >= 2:
             s.words += 1
             g = len(word_groups)
             s.max_groups_in_word = max(s.max_groups_in_word, g)
             if g >= 2 and frozenset(word_groups) not in _FREE_SWITCHES:
                 s.mixed_words += 1
+            if g == 1:
+                (script,) = word_groups
+                if (prev_word_script is not None and plain_gap and script != prev_word_script
+                        and frozenset((script, prev_word_script)) not in _FREE_SWITCHES):
+                    s.word_switches += 1
+                s.script_words += 1
+                s.word_scripts.add(script)
+                prev_word_script = script
+                plain_gap = True
         elif word_letters == 1:
             s.max_groups_in_word = max(s.max_groups_in_word, len(word_groups))
         word_groups = set()
@@ -138,6 +154,7 @@ def _scan(text: str) -> _Scan:
                 base_script = None
                 s.visible += 1
                 end_word()
+                plain_gap = False
             continue
         if cat == "Cs":
             s.surrogates += 1
@@ -229,6 +246,8 @@ def _scan(text: str) -> _Scan:
             add_letter(_script_of(cp))
         elif cat[0] != "M":
             end_word()
+            if ch != " " and ch != "\t":
+                plain_gap = False
     end_word()
     s.foreign_mark_kinds = len(foreign_kinds)
     return s

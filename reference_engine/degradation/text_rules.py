@@ -200,6 +200,10 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
     ) or (
         s.letters >= t.script_min_letters
         and s.switches > t.script_switch_rate * max(1, s.switch_letters)
+    ) or (
+        s.script_words >= t.word_script_min_words
+        and len(s.word_scripts) >= t.word_script_groups_min
+        and s.word_switches > t.word_script_switch_rate * (s.script_words - 1)
     ):
         yield "script_mixing"
     if (

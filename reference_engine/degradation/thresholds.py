@@ -161,6 +161,16 @@ class TextThresholds:
     # with six languages stays under 0.15; random letters from many scripts are near 0.8.
     script_switch_rate: float = 0.30
     script_min_letters: int = 8
+    # The same across words: words of three or more scripts, where over half the time a word's
+    # script differs from the one before it with only spaces between (a salad of words or random
+    # tokens from many scripts). Punctuation or a line break between two words does not count, so
+    # a glossary ("window: окно, Fenster, 窓") or a sentence quoting a foreign word stays clear.
+    # Chosen on the development splits and the normal corpus (2026-12-04): no normal, data-request
+    # or other-language item there has words of three scripts, and the odd multi-script kinds sit
+    # at 0.6-1.0 (a space-separated four-language word list with line breaks: 0.47).
+    word_script_min_words: int = 8
+    word_script_groups_min: int = 3
+    word_script_switch_rate: float = 0.50
     # A run of mixed punctuation without spaces or letters ("?!@#$%^&*..."): fires at this
     # length with at least ``mixed_punctuation_other_min`` non-separator characters in it.
     # Code packs 6-10 (`"]))});`) and regex-heavy code 20-40 (a string-literal pattern such
@@ -185,7 +195,7 @@ class TextThresholds:
         for name in (
             "control_max", "replacement_max", "noncharacter_max", "bidi_override_max",
             "zero_width_max", "bidi_mark_min", "unassigned_max", "combining_min", "mojibake_min",
-            "emoji_min", "emoji_dominant_min", "mixed_word_min", "script_min_letters",
+            "emoji_min", "emoji_dominant_min", "mixed_word_min", "script_min_letters", "word_script_min_words",
             "punctuation_flood_min", "punctuation_flood_other_min", "separator_line_other_max",
             "mixed_punctuation_other_min",
         ):
@@ -194,7 +204,7 @@ class TextThresholds:
             "combining_stack_run", "foreign_stack_run", "combining_kinds_max",
             "punctuation_run", "separator_run_max",
             "separator_line_run_max", "char_run", "mixed_punctuation_run",
-            "whitespace_run", "script_groups_per_word_max",
+            "whitespace_run", "script_groups_per_word_max", "word_script_groups_min",
         ):
             value = getattr(self, name)
             _check_count(name, value)
@@ -202,7 +212,8 @@ class TextThresholds:
                 raise ValueError(f"TextThresholds.{name} must be >= 1, got {value!r}")
         for name in (
             "bidi_mark_rate", "combining_rate", "emoji_rate", "emoji_dominant_rate",
-            "mixed_word_rate", "mixed_word_dominant_rate", "script_switch_rate", "punctuation_flood_rate",
+            "mixed_word_rate", "mixed_word_dominant_rate", "script_switch_rate", "word_script_switch_rate",
+            "punctuation_flood_rate",
         ):
             _check_rate(name, getattr(self, name))
         compiled = []
