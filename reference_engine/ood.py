@@ -218,7 +218,8 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
           ids: Sequence[int], lo: int, hi: int, n_chars: int, pieces: Callable[[], request_words.Pieces],
           byte_ids: frozenset[int] = frozenset(),
           request_tokens: Callable[[], list[int] | None] | None = None,
-          scored: tuple[np.ndarray, np.ndarray] | None = None) -> str | None:
+          scored: tuple[np.ndarray, np.ndarray] | None = None,
+          plain_margin: Callable[[], float] | None = None, min_coverage: float = 1.0) -> str | None:
     """The degradation reason for one prefilled prompt (None: prune). The score judges the whole
     content; a whole that looks odd is judged again on its request words alone
     (``degradation.request_words``), and a request that reads as ordinary language is a request
@@ -226,7 +227,10 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
     gives the request words' indices into ``ids`` from the prompt's text (None where the
     tokenizer gives no offsets: then whole-word vocabulary pieces stand in); ``pieces`` gives the
     vocabulary's piece table. Both are asked for only when the whole looks odd (decoding the
-    vocabulary takes about a second, once per engine). ``scored``: as for ``prompt_stats``."""
+    vocabulary takes about a second, once per engine). ``scored``: as for ``prompt_stats``.
+    ``plain_margin`` (``degradation.language_rule``, asked only here): a prompt in a script pruning
+    spares as it spares English, whose request words are at least ``min_coverage`` of its content,
+    is odd only above the threshold plus that margin."""
     whole = prompt_stats(w, hidden, row, offset, ids, lo, hi, n_chars, byte_ids, scored)
     reason = det.reason(whole)
     if reason != "ood_score":
@@ -238,6 +242,9 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
     words = [i for i in words if max(lo, 1) <= i < hi]
     if words and det.score(subset_stats(w, hidden, row, offset, ids, words, whole, table, byte_ids)) <= det.threshold:
         return None
+    margin = plain_margin() if plain_margin is not None else 0.0
+    if margin > 0 and len(words) >= min_coverage * max(1, hi - max(lo, 1)) and det.score(whole) <= det.threshold + margin:
+        return None  # a plain request in a language pruning does not hurt more than English
     return reason
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from . import calibration as calib_mod
 from . import degradation, ood
-from .degradation import request_words
+from .degradation import language_rule, request_words
 from .generation import PromptRow
 from .model import logits_from_hidden, rms_norm
 
@@ -68,13 +68,16 @@ class ProtectiveDegradation:
                  for b, r, _, _, pred in scored if len(pred)]
         logits, check_logits = self._head_pass(last, torch.cat(check) if check else None)
         at = 0
+        rule = self.language_rule() if scored else None
         for b, r, lo, hi, pred in scored:
             nll_ent = (ood.loss_and_entropy(check_logits[at:at + len(pred)], [r.ids[int(q) + 1] for q in pred])
                        if len(pred) else (np.zeros(0), np.zeros(0)))
             at += len(pred)
             reason = ood.judge(det, w, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
                                self._pieces, self._byte_ids(),
-                               lambda r=r, lo=lo, hi=hi: self._request_tokens(r.prompt, r.ids, lo, hi), nll_ent)
+                               lambda r=r, lo=lo, hi=hi: self._request_tokens(r.prompt, r.ids, lo, hi), nll_ent,
+                               (lambda r=r: rule.margin_for(r.prompt)) if rule else None,
+                               rule.min_coverage if rule else 1.0)
             r.degraded_reason = r.degraded_reason or reason
         return logits
 
@@ -134,10 +137,26 @@ class ProtectiveDegradation:
             self._detector = ood.describe(found[1] if found else None, Path(__file__).parent / "data")
         return self._ood or None
 
+    def language_rule(self) -> language_rule.LanguageRule | None:
+        """The language rule for these weights (``degradation.language_rule``): packaged copy, else
+        cache, else None (no prompt gets a margin; ``detector_info`` says so)."""
+        if getattr(self, "_language_rule", None) is None:
+            def load(where: Path) -> tuple[language_rule.LanguageRule, Path] | None:
+                path = language_rule.rule_path(where, self.weights_sha256)
+                rule = language_rule.load(path, self.weights_sha256)
+                return (rule, path) if rule is not None else None
+
+            found = self._packaged_or_cached(load)
+            self._language_rule = found[0] if found is not None else False
+            self._language_rule_file = found[1].name if found is not None else None
+        return self._language_rule or None
+
     def detector_info(self) -> dict:
-        """Which protective-degradation detector runs for these weights (``ood.describe``)."""
+        """Which protective-degradation detector runs for these weights (``ood.describe``), and
+        which language rule (its file, or None)."""
         self.ood_detector()
-        return dict(self._detector)
+        self.language_rule()
+        return {**self._detector, "language_rule": self._language_rule_file}
 
     def _template_ends(self) -> tuple[list[int], list[int]]:
         if getattr(self, "_ends", None) is None:

@@ -147,7 +147,7 @@ def test_without_a_score_the_fallback_is_named_in_stats_and_warned_once(tiny_eng
         engine.generate(["And three lakes."], max_new_tokens=2, config=lossy)
     assert res.stats["detector"] == ood.FALLBACK
     assert engine.detector_info() == {"detector": ood.FALLBACK, "version": None, "file": None, "sha256": None,
-                                      "packaged": False}
+                                      "packaged": False, "language_rule": None}
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and ood.FALLBACK in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
     (off,) = engine.generate(["Name three rivers."], max_new_tokens=2, config=lossy.override(mode="off"))

@@ -1,0 +1,68 @@
+"""Protective degradation's language rule (reference_engine/degradation/language_rule.py): which
+prompts get a margin, and that a missing, damaged or foreign rule file gives none."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reference_engine.degradation import language_rule as lr
+
+RULE = lr.LanguageRule(frozenset({"Latin"}), min_share=0.9, min_coverage=0.9, margin=1.0, info={})
+
+
+@pytest.mark.parametrize("text, script, share", [
+    ("Miten voin vaihtaa salasanani?", "Latin", 1.0),
+    ("Как мне сменить пароль?", "Cyrillic", 1.0),
+    ("", None, 0.0),
+    ("12345 !!!", None, 0.0),
+])
+def test_dominant_script(text, script, share):
+    assert lr.dominant_script(text) == (script, pytest.approx(share))
+
+
+@pytest.mark.parametrize("text, margin", [
+    ("Miten voin vaihtaa salasanani?", 1.0),  # Finnish: Latin, spared
+    ("Как мне сменить пароль?", 0.0),  # Cyrillic: not in the spared set
+    ("Wie heißt das auf Russisch: пароль, логин, сервер, ключ", 0.0),  # Latin under 90% of the letters
+    ("", 0.0),
+])
+def test_margin_for(text, margin):
+    assert RULE.margin_for(text) == margin
+
+
+def test_load_refuses_missing_damaged_and_foreign_files(tmp_path):
+    sha = "ab" * 32
+    path = lr.rule_path(tmp_path, sha)
+    assert lr.load(path, sha) is None  # missing
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert lr.load(path, sha) is None  # damaged
+    good = {"version": lr.VERSION, "weights_sha256": sha, "scripts": ["Latin"], "min_share": 0.9,
+            "min_coverage": 0.9, "margin": 1.0, "info": {"fitted_on": ["x"]}}
+    path.write_text(json.dumps(good))
+    rule = lr.load(path, sha)
+    assert rule is not None and rule.scripts == {"Latin"} and rule.margin == 1.0
+    assert lr.load(path, "cd" * 32) is None  # other weights
+    path.write_text(json.dumps({**good, "version": lr.VERSION + 1}))
+    assert lr.load(path, sha) is None  # other version
+    path.write_text(json.dumps({**good, "margin": None}))
+    assert lr.load(path, sha) is None  # a field of the wrong type
+
+
+def test_the_packaged_rule_loads_for_the_embedded_weights():
+    from pathlib import Path
+
+    import reference_engine
+
+    data = Path(reference_engine.__file__).parent / "data" / "calibration"
+    files = sorted(data.glob(f"*-script-damage-v{lr.VERSION}.json"))
+    assert files, f"no packaged language rule in {data}"
+    doc = json.loads(files[0].read_text())
+    rule = lr.load(files[0], doc["weights_sha256"])
+    assert rule is not None and rule.margin > 0 and 0 < rule.min_coverage <= 1
+    # the splits it was fitted and chosen on are named, and neither is the report split
+    info = rule.info
+    assert set(info["fitted_on"]).isdisjoint(info["chosen_on"])
+    assert "degradation_heldout_2026-12-04b" not in set(info["fitted_on"]) | set(info["chosen_on"])
