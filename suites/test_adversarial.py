@@ -40,9 +40,8 @@ Rates, recorded in the run record under ``reference/lossy/s=0.50`` with n and a 
   development split since the request rule was compared on them), and fresh draws of the
   machine-made text classes (``rsp_bench.adversarial.machine_text``), tuning and held-out classes
   reported apart. These are regression checks; the split that chose nothing is
-  ``fixtures/degradation_heldout_2026-12-04`` (the three earlier ones, measured and looked at,
-  are development splits now; ``fixtures/degradation_heldout_2026-12-04b`` is held out for the
-  next design), reported by ``rsp-bench degradation``. False
+  ``fixtures/degradation_heldout_2026-12-04b`` (the four earlier ones, measured and looked at,
+  are development splits now), reported once by ``rsp-bench degradation``. False
   alarms <= 5% each, tuning detection >= 95%, held-out detection within 5 points of it.
 
 Sizes (examples per property; the hypothesis profile comes from ``RSP_HYPOTHESIS_PROFILE``,
