@@ -120,17 +120,22 @@ class ProtectiveDegradation:
         finally:
             self._degradation_suspended = before
 
+    def _per_weights_file(self, path_of: Callable[[Path, str], Path],
+                          load: Callable[[Path, str], object | None]) -> tuple[object, Path] | None:
+        """(what ``load`` reads, its path) from the packaged data, else the user cache, else None."""
+        def find(where: Path) -> tuple[object, Path] | None:
+            path = path_of(where, self.weights_sha256)
+            found = load(path, self.weights_sha256)
+            return (found, path) if found is not None else None
+
+        return self._packaged_or_cached(find)
+
     def ood_detector(self) -> ood.OODDetector | None:
         """The fitted out-of-distribution score for these weights: packaged copy, else cache
         (``scripts/calibrate_ood.py`` fits one), else None (then the coarser mean-loss and norm
         checks stand in, with one WARNING per process). ``detector_info`` says which ran."""
         if getattr(self, "_ood", None) is None:
-            def load(where: Path) -> tuple[ood.OODDetector, Path] | None:
-                path = ood.detector_path(where, self.weights_sha256)
-                det = ood.load(path, self.weights_sha256)
-                return (det, path) if det is not None else None
-
-            found = self._packaged_or_cached(load)
+            found = self._per_weights_file(ood.detector_path, ood.load)
             if found is None:
                 ood.warn_fallback_once(log, self.weights_sha256)
             self._ood = found[0] if found is not None else False
@@ -141,12 +146,7 @@ class ProtectiveDegradation:
         """The language rule for these weights (``degradation.language_rule``): packaged copy, else
         cache, else None (no prompt gets a margin; ``detector_info`` says so)."""
         if getattr(self, "_language_rule", None) is None:
-            def load(where: Path) -> tuple[language_rule.LanguageRule, Path] | None:
-                path = language_rule.rule_path(where, self.weights_sha256)
-                rule = language_rule.load(path, self.weights_sha256)
-                return (rule, path) if rule is not None else None
-
-            found = self._packaged_or_cached(load)
+            found = self._per_weights_file(language_rule.rule_path, language_rule.load)
             self._language_rule = found[0] if found is not None else False
             self._language_rule_file = found[1].name if found is not None else None
         return self._language_rule or None
