@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from . import calibration as calib_mod
 from . import degradation, ood
-from .degradation import language_rule, request_words
+from .degradation import language_rule as lang_rule
+from .degradation import request_words
 from .generation import PromptRow
 from .model import logits_from_hidden, rms_norm
 
@@ -142,11 +143,11 @@ class ProtectiveDegradation:
             self._detector = ood.describe(found[1] if found else None, Path(__file__).parent / "data")
         return self._ood or None
 
-    def language_rule(self) -> language_rule.LanguageRule | None:
+    def language_rule(self) -> lang_rule.LanguageRule | None:
         """The language rule for these weights (``degradation.language_rule``): packaged copy, else
         cache, else None (no prompt gets a margin; ``detector_info`` says so)."""
         if getattr(self, "_language_rule", None) is None:
-            found = self._per_weights_file(language_rule.rule_path, language_rule.load)
+            found = self._per_weights_file(lang_rule.rule_path, lang_rule.load)
             self._language_rule = found[0] if found is not None else False
             self._language_rule_file = found[1].name if found is not None else None
         return self._language_rule or None

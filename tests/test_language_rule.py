@@ -66,3 +66,45 @@ def test_the_packaged_rule_loads_for_the_embedded_weights():
     info = rule.info
     assert set(info["fitted_on"]).isdisjoint(info["chosen_on"])
     assert "degradation_heldout_2026-12-04b" not in set(info["fitted_on"]) | set(info["chosen_on"])
+
+
+class _FixedScore:
+    """A stand-in detector whose score is fixed: every prompt reads as odd, ``over`` above
+    the threshold (the engine's real score needs the embedded weights)."""
+
+    threshold = 0.0
+
+    def __init__(self, over: float) -> None:
+        self.over = over
+
+    def score(self, _stats) -> float:
+        return self.over
+
+    def reason(self, _stats) -> str:
+        return "ood_score"
+
+
+@pytest.mark.parametrize("over, margin, covered, expected", [
+    (0.5, 1.0, 1.0, None),  # a plain request under threshold + margin: excused
+    (1.5, 1.0, 1.0, "ood_score"),  # above the margin: still odd
+    (0.5, 0.0, 1.0, "ood_score"),  # no margin (a script the rule does not spare, or no rule)
+    (0.5, 1.0, 0.5, "ood_score"),  # request words cover too little of the content: a payload
+])
+def test_judge_applies_the_margin_only_to_covered_prompts(tiny_engine, over, margin, covered, expected):
+    import torch
+
+    from reference_engine import ood
+    from reference_engine.model import KVCache, prefill
+
+    eng = tiny_engine
+    ids = eng.encode("Miten voin vaihtaa salasanani tässä sovelluksessa nyt heti?")
+    lo, hi = 1, len(ids)
+    cache = KVCache.allocate(eng.dims, 1, len(ids))
+    hidden: list = []
+    prefill(eng.weights, cache, torch.tensor([ids]), torch.arange(len(ids))[None], torch.ones(1, len(ids), dtype=torch.bool),
+            hidden_out=hidden)
+    n_words = int(round(covered * (hi - lo)))
+    reason = ood.judge(_FixedScore(over), eng.weights, hidden, 0, 0, ids, lo, hi, 60, eng._pieces, frozenset(),
+                       lambda: list(range(lo, lo + n_words)), None,
+                       (lambda: margin), 0.9)
+    assert reason == expected
