@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from .calibration import fit_low_rank, atomic_write
+from .isolated_bypass import forward_unit_alone
 from .model import BypassMap, KVCache, ModelWeights, decode_step, forward_units, prefill
 
 PREDICTOR_VERSION = 2
@@ -255,9 +256,13 @@ class UnitSamples:
 
 def collect(w: ModelWeights, sequences: list[tuple[list[int], int]],
             progress: Callable[[str], None] | None = None,
-            maps: "list[BypassMap | None] | None" = None) -> UnitSamples:
+            maps: "list[BypassMap | None] | None" = None, labels: str = "sequence") -> UnitSamples:
     """Measure features and labels on (ids, prompt length) sequences, teacher-forced; a unit's
-    label is the KL of its bypass with its map ``maps[u]`` where one is given."""
+    label is the KL of its bypass with its map ``maps[u]`` where one is given. ``labels``:
+    "sequence", the unit bypassed on every decode position (the KL at t carries the earlier
+    bypasses too), or "token", bypassed at t alone (isolated_bypass.forward_unit_alone)."""
+    if labels not in ("sequence", "token"):
+        raise ValueError(f"labels must be 'sequence' or 'token', got {labels!r}")
     say = progress or (lambda _m: None)
     L = w.dims.n_layers
     xs: list[list[np.ndarray]] = [[] for _ in range(2 * L)]
@@ -291,8 +296,11 @@ def collect(w: ModelWeights, sequences: list[tuple[list[int], int]],
                     ka = [True] * L
                     km = [True] * L
                     (ka if k == 0 else km)[layer] = False
-                    logits = forward_units(w, seq, S, ka, km, first_layer=layer, h_in=rec["h"][layer][None],
-                                           unit_bypass=maps)
+                    if labels == "token":
+                        logits = forward_unit_alone(w, rec, S, 2 * layer + k, maps[2 * layer + k] if maps else None)
+                    else:
+                        logits = forward_units(w, seq, S, ka, km, first_layer=layer, h_in=rec["h"][layer][None],
+                                               unit_bypass=maps)
                     kl[2 * layer + k].append(_kl_rows(ref_logp[1:], logits[1:]))
             prompt_of.append(np.full(n_dec, p))
             say(f"unit predictor: labels {p + 1}/{len(sequences)}")
