@@ -257,7 +257,8 @@ class Engine(UnitRouting, ProtectiveDegradation):
             if cfg.static_attn_bypass or cfg.static_mlp_bypass:  # per-unit static removal
                 static_attn = [k and i not in cfg.static_attn_bypass for i, k in enumerate(static_keep)]
                 static_mlp = [k and i not in cfg.static_mlp_bypass for i, k in enumerate(static_keep)]
-        unit = prunes_unit = prunes and cfg.router == "unit"
+        router_name, router_fallback = self.router_for(cfg) if prunes else (None, None)
+        unit = prunes_unit = router_name == "unit"
         unit = unit or static_attn is not None
         # unit paths bypass with the unit maps and count bytes net of them (unit_predictor.py)
         unit_bytes, block_bytes = self.unit_bytes() if unit else (None, w.bytes_per_block())
@@ -369,7 +370,8 @@ class Engine(UnitRouting, ProtectiveDegradation):
                                  float(bypassed[b]) / (dims.n_layers * n_tok)) if n_tok else 0.0,
                 "bypassed_weight_bytes": int(bytes_saved[b]) if unit else int(bypassed[b]) * block_bytes,
                 "units_bypassed": int(units_bypassed[b]) if unit else 2 * int(bypassed[b]),
-                "router": cfg.router if prunes else None,  # None: no router ran (mode off, static, lossless)
+                "router": router_name,  # None: no router ran (mode off, static, lossless)
+                "router_fallback": router_fallback,  # why the router asked for did not run, or None
                 "unit_threshold_scale": router.internal_sensitivity if prunes_unit and router is not None else None,
                 "degraded": r.degraded_reason is not None,
                 "degraded_reason": r.degraded_reason,

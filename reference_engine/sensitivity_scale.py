@@ -10,7 +10,7 @@ pinned to 0), and maps s to the internal value whose mean share there is the tar
 text the share differs; the README gives the measured spread on prompts that chose nothing
 (``rsp-bench sensitivity-scale``).
 
-The block router (``router="block"``, the default) keeps its own meaning (tau0 * sensitivity / 0.5).
+The block router (``router="block"``, the comparison row) keeps its own meaning (tau0 * sensitivity / 0.5).
 
 The scale is per weights, like every calibration: packaged for the embedded model
 (``data/unit_predictor/<sha16>-scale-v<N>.json``), else the user cache, else fitted on first use

@@ -88,6 +88,20 @@ class UnitRouting:
         router.internal_sensitivity = internal
         return router
 
+    def router_for(self, cfg: PruningConfig) -> tuple[str, str | None]:
+        """The router a lossy request runs, and why it is not the one ``cfg`` asks for (None when
+        it is). The unit router needs its predictor; training one takes about half an hour, so a
+        request never waits for it: without one, the block router runs, with one WARNING per
+        process and the reason in every request's stats."""
+        if cfg.router != "unit" or self.unit_predictor_available():
+            return cfg.router, None
+        reason = (f"no unit-router predictor for weights {self.weights_sha256[:16]} "
+                  "(`rsp-bench calibrate` trains one): the block router ran")
+        if not getattr(self, "_router_fallback_warned", False):
+            self._router_fallback_warned = True
+            log.warning("router: %s; every lossy request of this process does the same until then", reason)
+        return "block", reason
+
     def unit_predictor_available(self) -> bool:
         """Whether the unit router can run without training its predictor now (about half an hour
         of CPU for the embedded model's size): loaded, packaged or cached for these weights."""

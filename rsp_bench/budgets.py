@@ -65,8 +65,8 @@ _VARIANT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 def load_budgets(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check a budgets TOML file (suites/budgets.toml); unknown keys are errors.
 
-    Layout: a table per mode (``[off]``, ``[lossless]``, ``[lossy]``; ``[lossy_unit]`` for the
-    unit router's comparison rows, ``reference/lossy/s=0.50/router=unit``). Bounds written in the
+    Layout: a table per mode (``[off]``, ``[lossless]``, ``[lossy]``; ``[lossy_block]`` for the
+    block router's comparison rows, ``reference/lossy/s=0.50/router=block``). Bounds written in the
     mode table hold for every sensitivity; a sub-table named by a sensitivity
     (``[lossy."0.50"]``) adds or overrides bounds for that sensitivity only. The ``[quant]``
     mode (llama-cpp rungs) is named by variant instead: ``[quant."q8_0"]`` holds the bounds of
@@ -116,7 +116,7 @@ def budget_for(budgets: Mapping[str, Any], spec: ConfigSpec) -> list[Budget] | N
     """The bounds that apply to ``spec`` (its mode, then its sensitivity's overrides), or
     None when the file says nothing about that mode / sensitivity."""
     router = spec.params.get("router") if spec.params else None
-    # a comparison row of another router has its own tables: [lossy_unit], [lossy_unit."0.50"]
+    # a comparison row of another router has its own tables: [lossy_block], [lossy_block."0.50"]
     entry = budgets.get(spec.mode if router is None else f"{spec.mode}_{router}")
     if entry is None:
         return None

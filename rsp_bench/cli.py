@@ -255,9 +255,9 @@ def _configure_generate(p: argparse.ArgumentParser) -> None:
                    help=f"engine logs as JSON lines: {', '.join(LOG_LEVELS)}")
     p.add_argument("--log-file", default=None, metavar="FILE",
                    help="append the JSON-lines logs to FILE (default: stderr)")
-    p.add_argument("--router", type=_choice("--router", ("block", "unit")), default="block",
-                   help="the lossy router: block (default; sensitivity scales its threshold) or unit (attention "
-                        "and MLP apart; sensitivity asks for about sensitivity x 20%% of the weight bytes not read)")
+    p.add_argument("--router", type=_choice("--router", ("block", "unit")), default="unit",
+                   help="the lossy router: unit (default; attention and MLP apart; sensitivity asks for about "
+                        "sensitivity x 20%% of the weight bytes not read) or block (sensitivity scales its threshold)")
     p.add_argument("--mode", type=_choice("--mode", GENERATE_MODES), default="lossy",
                    help="off (full model), lossy (the router bypasses blocks) or lossless (pruned drafts, "
                         "full verification: the output equals off)")

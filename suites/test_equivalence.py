@@ -38,11 +38,11 @@ STATIC_KINDS = ("shortgpt", "random")
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # One static row per kind and per lossy row of this session: the reference engine's lossy
-    # rows are the default (block) router and the unit router beside it (plan_configs).
+    # rows are the default (unit) router and the block router beside it (plan_configs).
     if "static_case" in metafunc.fixturenames:
         options = get_options(metafunc.config)
         sens = options.sensitivities if "lossy" in options.modes else ()
-        routers = (None, "unit") if options.engine == "reference" else (None,)
+        routers = (None, "block") if options.engine == "reference" else (None,)
         cases = [(kind, s, r) for s in sens for r in routers for kind in STATIC_KINDS]
         metafunc.parametrize("static_case", cases,
                              ids=[f"{k}-matched-s={s:.2f}" + (f"-{r}" if r else "") for k, s, r in cases])

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from rsp_bench import engines as eng
+from rsp_bench.engines.configs import unit_router_rows
 from rsp_bench.engines import (ConfigSpec, available_engines, format_config_id, get_engine,
                                plan_configs, random_blocks, register_engine, shortgpt_blocks)
 from rsp_bench.errors import HarnessInputError
@@ -96,14 +97,15 @@ def test_entry_point_engine_is_loaded_on_first_use(monkeypatch, tmp_path) -> Non
 def test_plan_configs_ids_and_watermark() -> None:
     specs = plan_configs("reference", ["lossy", "lossless"], [0.25, 0.5])
     assert [s.config_id for s in specs] == ["reference/off", "reference/lossy/s=0.25",
-                                            "reference/lossy/s=0.25/router=unit", "reference/lossy/s=0.50",
-                                            "reference/lossy/s=0.50/router=unit",
+                                            "reference/lossy/s=0.25/router=block", "reference/lossy/s=0.50",
+                                            "reference/lossy/s=0.50/router=block",
                                             "reference/lossless/s=0.25", "reference/lossless/s=0.50"]
     assert all(s.pruning.hardware_watermark == eng.SUITE_WATERMARK == 0.0 for s in specs)
     assert specs[0].pruning.mode == "off" and specs[3].pruning.sensitivity == 0.5
-    # the default router's rows and the unit router's comparison rows beside them
-    assert [s.pruning.router for s in specs[1:5]] == ["block", "unit", "block", "unit"]
-    assert specs[2].params == {"router": "unit"} and specs[1].params == {}
+    # the default (unit) router's rows and the block router's comparison rows beside them
+    assert [s.pruning.router for s in specs[1:5]] == ["unit", "block", "unit", "block"]
+    assert specs[2].params == {"router": "block"} and specs[1].params == {}
+    assert [s.config_id for s in unit_router_rows(specs)] == ["reference/lossy/s=0.25", "reference/lossy/s=0.50"]
     third = plan_configs("mine", ["lossy"], [1.0], with_pruning=False)
     assert [s.config_id for s in third] == ["reference/off", "mine/off", "mine/lossy/s=1.00"]
     assert all(s.pruning is None for s in third)

@@ -87,7 +87,7 @@ def test_defaults_and_config_parametrization(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--rsp-quick", "--collect-only", "-q")
     result.stdout.fnmatch_lines(["*test_each_config?reference/off?*", "*test_each_config?reference/lossy/s=0.50?*"])
     result = pytester.runpytest("--collect-only", "-q", "--rsp-mode", "lossy,lossless")
-    # off + lossy (block router, and the unit router beside it) x 3 sensitivities + lossless x 3
+    # off + lossy (the unit router, and the block router beside it) x 3 sensitivities + lossless x 3
     assert sum("test_each_config[" in line for line in result.outlines) == 10
     assert pytester.runpytest("--rsp-quick", "-k", "test_defaults").ret == 0  # never loads a model
 
@@ -197,7 +197,8 @@ def test_fixtures_end_to_end_on_tiny_model(pytester: pytest.Pytester, tiny_model
     import shutil
 
     # A cache with the tiny model's block-router calibration and no unit-router predictor (another
-    # test may have trained one): the unit router's row is then left out, whatever ran before.
+    # test may have trained one): the unit router's row (the default lossy row) is then left out,
+    # whatever ran before, and the block router's comparison row runs.
     cache = tmp_path / "cache"
     shared = Path(os.environ["RSP_BENCH_CACHE"])
     cache.mkdir()
@@ -228,14 +229,14 @@ def test_fixtures_end_to_end_on_tiny_model(pytester: pytest.Pytester, tiny_model
         def test_session_objects(rsp_engine, rsp_adapter, rsp_peer, rsp_configs):
             assert rsp_adapter.name == "reference" and rsp_peer.name == "hf-generate"
             assert rsp_peer.model is rsp_engine.hf_model
-            assert [c.config_id for c in rsp_configs] == ["reference/off", "reference/lossy/s=0.50"]
+            assert [c.config_id for c in rsp_configs] == ["reference/off", "reference/lossy/s=0.50/router=block"]
     """)
     result = pytester.runpytest("--rsp-model", str(tiny_model_dir), "--rsp-results", "out", "--rsp-quick", "-q")
-    result.assert_outcomes(passed=3, skipped=1)  # reference/lossy/s=0.50/router=unit: no predictor
+    result.assert_outcomes(passed=3, skipped=1)  # reference/lossy/s=0.50 (the unit router): no predictor
     assert any("no unit-router predictor" in line for line in result.outlines)
     [path] = _runs(pytester.path / "out")
     record = load_record(path)
-    assert set(record["configurations"]) == {"reference/off", "reference/lossy/s=0.50"}
+    assert set(record["configurations"]) == {"reference/off", "reference/lossy/s=0.50/router=block"}
     off = record["configurations"]["reference/off"]["metrics"]
     assert off["exact_match_rate"]["value"] == 1.0 and off["exact_match_rate"]["n"] == 2
     assert {"top1_agreement", "kl_mean", "kl_p99", "perplexity_ratio", "bypass_ratio",

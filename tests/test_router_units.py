@@ -174,3 +174,24 @@ def test_native_gate_is_bit_identical_at_one_and_two_threads(tiny_engine):
     assert torch.equal(l1, l2)
     for (s1, d1), (s2, d2) in zip(r1, r2):
         assert torch.equal(s1, s2) and torch.equal(d1, d2)
+
+
+def test_default_router_is_unit_and_falls_back_to_block_without_a_predictor(tiny_engine, monkeypatch, caplog):
+    """The unit router is the default; where the weights have no predictor a request never waits
+    half an hour for one: the block router runs, one WARNING per process, the reason in the stats."""
+    from reference_engine import PruningConfig
+
+    cfg = PruningConfig(hardware_watermark=0.0, log_level="NONE")
+    assert cfg.router == "unit"
+    monkeypatch.setattr(tiny_engine, "unit_predictor_available", lambda: False)
+    monkeypatch.setattr(tiny_engine, "_router_fallback_warned", False, raising=False)
+    with caplog.at_level("WARNING", logger="reference_engine"):
+        a, b = (tiny_engine.generate(["Hello there"], max_new_tokens=4, config=cfg)[0] for _ in range(2))
+    assert a.stats["router"] == "block" and "no unit-router predictor" in a.stats["router_fallback"]
+    assert b.stats["router_fallback"] == a.stats["router_fallback"]
+    assert sum("no unit-router predictor" in r.getMessage() for r in caplog.records) == 1
+    [blk] = tiny_engine.generate(["Hello there"], max_new_tokens=4, config=cfg.override(router="block"))
+    assert blk.stats["router"] == "block" and blk.stats["router_fallback"] is None
+    assert blk.token_ids == a.token_ids  # the fallback is the block router, nothing else
+    [off] = tiny_engine.generate(["Hello there"], max_new_tokens=4, config=cfg.override(mode="off"))
+    assert off.stats["router"] is None and off.stats["router_fallback"] is None

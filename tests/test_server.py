@@ -68,8 +68,10 @@ def test_chat_stats_header_and_body_agree(client, tiny_engine):
 
 
 def test_router_knob_in_header_and_body_and_its_stats(client, tiny_engine, monkeypatch):
-    r = chat(client)
+    assert DEFAULT.router == "unit"  # the engine's default lossy router
+    r = chat(client, headers={"X-Pruning-Router": "block"})
     assert parse_stats(r.headers["X-Pruning-Stats"])["router"] == "block" == r.json()["pruning"]["router"]
+    assert r.json()["pruning"]["router_fallback"] is None
     r = chat(client, headers={"X-Pruning-Router": "sideways"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "X-Pruning-Router"
     assert "sideways" in r.json()["error"]["message"]
@@ -83,6 +85,12 @@ def test_router_knob_in_header_and_body_and_its_stats(client, tiny_engine, monke
     assert "rsp-bench calibrate" in r.json()["error"]["message"]
     r = chat(client, pruning={"router": "unit", "mode": "off"})  # nothing to route: served
     assert r.status_code == 200 and r.json()["pruning"]["router"] is None
+    # a request that asked for no router gets the default's fallback: served by the block
+    # router, and the stats say so
+    r = chat(client)
+    assert r.status_code == 200, r.text
+    assert r.json()["pruning"]["router"] == "block" == parse_stats(r.headers["X-Pruning-Stats"])["router"]
+    assert "no unit-router predictor" in r.json()["pruning"]["router_fallback"]
 
 
 def test_body_pruning_wins_over_header(client):
@@ -272,7 +280,8 @@ def test_detailed_log_lines_carry_request_id(tiny_engine, tmp_path):
         assert r.headers["X-Request-Id"] == "req-42"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert records and all(rec["request_id"] == "req-42" for rec in records)
-    assert {"block", "request"} <= {rec["event"] for rec in records}
+    events = {rec["event"] for rec in records}
+    assert "request" in events and events & {"block", "unit"}  # per-token lines of whichever router ran
 
 
 # ---------------------------------------------------------------- the real server

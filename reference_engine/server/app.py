@@ -166,9 +166,12 @@ def create_app(engine: "Engine", settings: ServerSettings) -> Guard:
 
     def config_for(request: Request, body: Any) -> PruningConfig:
         cfg = request_config(settings.default_config, request.headers, body.pruning, engine.dims.n_layers)
-        if cfg.router == "unit" and cfg.prunes and not engine.unit_predictor_available():
+        asked = (body.pruning is not None and body.pruning.router is not None) or "x-pruning-router" in request.headers
+        if asked and cfg.router == "unit" and cfg.prunes and not engine.unit_predictor_available():
             where = "pruning.router" if body.pruning and body.pruning.router else "X-Pruning-Router"
-            # training a predictor takes about half an hour of CPU: never inside a request
+            # training a predictor takes about half an hour of CPU: never inside a request. A
+            # request that did not ask for a router gets the engine's fallback (the block router,
+            # named in its stats' router and router_fallback).
             raise APIError(400, f"{where} 'unit': no unit-router predictor for this model's weights; "
                                 "`rsp-bench calibrate --model ...` trains one", where, code="invalid_value")
         if cfg.log_level != settings.default_config.log_level:

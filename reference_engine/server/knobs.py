@@ -9,7 +9,7 @@ gateway), so the more specific source wins.
     X-Pruning-Blacklist            comma list of block indices ("" = none)
     X-Pruning-Log-Level            NONE, SUMMARY or DETAILED
     X-Pruning-Mode                 off, lossy, lossless or static
-    X-Pruning-Router               block (the default) or unit: which lossy router decides
+    X-Pruning-Router               unit (the default) or block: which lossy router decides
     X-Pruning-Hardware-Watermark   number in [0, 1] (pins the load factor; suites pin 0.0)
 
 Every bad value raises ``APIError`` (a 400) naming the header or field and the value.

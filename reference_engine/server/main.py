@@ -81,7 +81,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="SUMMARY", help="default engine log level: NONE, SUMMARY or DETAILED")
     p.add_argument("--log-file", default=None, help="append the engine's JSON-lines logs (tagged with request ids) here")
     p.add_argument("--mode", default="lossy", help="default mode: off, lossy, lossless or static")
-    p.add_argument("--router", default="block", help="default lossy router: block or unit (X-Pruning-Router overrides)")
+    p.add_argument("--router", default=None,
+                   help="default lossy router: unit (the engine's default) or block (X-Pruning-Router overrides)")
     p.add_argument("--hardware-watermark", type=_unit("--hardware-watermark"), default=None,
                    help="pin the load factor's watermark in [0, 1] (default: sampled per request)")
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting or running before 429 (default 32)")
@@ -118,7 +119,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def default_config(args: argparse.Namespace) -> PruningConfig:
     kw = {"sensitivity": args.sensitivity, "log_level": args.log_level, "mode": args.mode,
-          "hardware_watermark": args.hardware_watermark, "router": args.router}
+          "hardware_watermark": args.hardware_watermark}
+    if args.router is not None:
+        kw["router"] = args.router
     if args.blacklist is not None:
         kw["layer_blacklist"] = parse_blacklist(args.blacklist)
     return PruningConfig(**kw)
@@ -181,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
         engine = Engine.load(args.model, progress=lambda m: print(m, file=sys.stderr))
         config.blacklist_for(engine.dims.n_layers)
-        if config.router == "unit" and not engine.unit_predictor_available():
+        if args.router == "unit" and not engine.unit_predictor_available():
             raise ConfigError("--router unit: no unit-router predictor for this model's weights; "
                               "`rsp-bench calibrate --model ...` trains one (about half an hour of CPU)")
         app = create_app(engine, ServerSettings(config, max_queue=args.max_queue, retry_after_s=args.retry_after,

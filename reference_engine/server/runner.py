@@ -500,4 +500,4 @@ def sum_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "degraded": any(p["degraded"] for p in parts), "degraded_reason": reasons[0] if reasons else None,
             "mode": parts[0]["mode"], "sensitivity": float(parts[0]["sensitivity"]), "blocks": blocks,
             "batch_size": max(int(p.get("batch_size", 1)) for p in parts), "detector": parts[0].get("detector"),
-            "router": parts[0].get("router")}
+            "router": parts[0].get("router"), "router_fallback": parts[0].get("router_fallback")}

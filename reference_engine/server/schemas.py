@@ -151,6 +151,7 @@ class PruningStats(BaseModel):
     batch_size: int = 1  # requests decoded together with this one (1: alone); see runner.py
     detector: str | None = None  # the degradation detector that judged the prompt (None: no check ran)
     router: str | None = None  # the lossy router that decided ("block" or "unit"; None: none ran)
+    router_fallback: str | None = None  # why the router asked for did not run (no unit predictor), or None
 
 
 class Usage(BaseModel):

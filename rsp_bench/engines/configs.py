@@ -77,13 +77,13 @@ def plan_configs(engine: str, modes: Sequence[str], sensitivities: Sequence[floa
     specs = []
     for eng, mode, s in planned:
         if eng == "reference" and mode == "lossy":
-            # the unit router beside the default (block) router at the same sensitivity, a
-            # comparison row with its own budgets ([lossy_unit] in budgets.toml)
+            # the default (unit) router, then the block router at the same sensitivity: a
+            # comparison row with its own budgets ([lossy_block] in budgets.toml)
             specs.append(ConfigSpec(format_config_id(eng, mode, s), eng, mode, s, {},
                                     pruning_config(mode, s) if with_pruning else None))
-            specs.append(ConfigSpec(format_config_id(eng, mode, s, router="unit"), eng, mode, s,
-                                    {"router": "unit"},
-                                    pruning_config(mode, s, router="unit") if with_pruning else None))
+            specs.append(ConfigSpec(format_config_id(eng, mode, s, router="block"), eng, mode, s,
+                                    {"router": "block"},
+                                    pruning_config(mode, s, router="block") if with_pruning else None))
             continue
         pruning = pruning_config(mode, s) if with_pruning and eng == "reference" else None
         if with_pruning and eng != "reference":
@@ -94,3 +94,12 @@ def plan_configs(engine: str, modes: Sequence[str], sensitivities: Sequence[floa
                 pruning = None
         specs.append(ConfigSpec(format_config_id(eng, mode, s), eng, mode, s, {}, pruning))
     return specs
+
+
+def unit_router_rows(specs: Sequence[ConfigSpec]) -> list[ConfigSpec]:
+    """The rows that run the reference engine's unit router (its default lossy rows and any
+    ``router=unit`` row): they need the unit predictor of the weights."""
+    from reference_engine.config import DEFAULT_ROUTER
+
+    return [s for s in specs if s.engine == "reference" and s.mode == "lossy"
+            and (s.params or {}).get("router", DEFAULT_ROUTER) == "unit"]

@@ -22,6 +22,9 @@ import pytest
 from rsp_bench.pytest_plugin.options import RspOptions
 from rsp_bench.pytest_plugin.state import _state
 
+# configuration ids rsp_configs left out (no unit-router predictor): their tests skip, saying why
+_LEFT_OUT: set[str] = set()
+
 if TYPE_CHECKING:
     from rsp_bench.engines import ConfigSpec, EngineAdapter
     from rsp_bench.records import RunRecordBuilder
@@ -109,6 +112,7 @@ def rsp_peer(rsp_adapter_for) -> "EngineAdapter":
 @pytest.fixture(scope="session")
 def rsp_configs(rsp_options: RspOptions, rsp_adapter: "EngineAdapter") -> list["ConfigSpec"]:
     from rsp_bench.engines import plan_configs
+    from rsp_bench.engines.configs import unit_router_rows
     from rsp_bench.errors import HarnessInputError
 
     supported = tuple(getattr(rsp_adapter, "modes", ()) or ())
@@ -119,12 +123,15 @@ def rsp_configs(rsp_options: RspOptions, rsp_adapter: "EngineAdapter") -> list["
                         f"(it supports {', '.join(supported)})", returncode=pytest.ExitCode.USAGE_ERROR)
     specs = plan_configs(rsp_options.engine, rsp_options.modes, rsp_options.sensitivities)
     engine = getattr(rsp_adapter, "engine", None)
-    unit_rows = [s for s in specs if s.params.get("router") == "unit"]
+    unit_rows = unit_router_rows(specs)
     if unit_rows and engine is not None and not engine.unit_predictor_available():
-        # training the unit router's predictor takes about half an hour of CPU: not inside a suite
+        # training the unit router's predictor takes about half an hour of CPU: not inside a
+        # suite; and the engine's own fallback (the block router) must not be recorded under a
+        # unit row's id and budgets
         warnings.warn(f"{', '.join(s.config_id for s in unit_rows)}: no unit-router predictor for these weights, "
                       "rows left out; `rsp-bench calibrate --model ...` trains one")
-        specs = [s for s in specs if s.params.get("router") != "unit"]
+        _LEFT_OUT.update(s.config_id for s in unit_rows)
+        specs = [s for s in specs if s not in unit_rows]
     return specs
 
 
@@ -136,7 +143,7 @@ def rsp_config(request: pytest.FixtureRequest, rsp_configs: list["ConfigSpec"]) 
     for spec in rsp_configs:
         if spec.config_id == wanted:
             return spec
-    if wanted.endswith("/router=unit"):
+    if wanted in _LEFT_OUT:
         pytest.skip(f"{wanted}: no unit-router predictor for these weights (`rsp-bench calibrate` trains one)")
     raise LookupError(f"configuration {wanted!r} is not in rsp_configs")
 
