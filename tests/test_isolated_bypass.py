@@ -35,3 +35,28 @@ def test_alone_equals_cut_sequence(tiny_engine, unit, with_map):
     # bypassing every earlier position too differs from the bypass at t alone (what the labels fix)
     assert not torch.allclose(whole[2:], alone[2:], atol=1e-4)
     assert not torch.allclose(clean[1:], alone[1:], atol=1e-4)
+
+
+def test_per_position_flags_equal_fixed_flags(tiny_engine):
+    """The same unit bypassed at every decode position is forward_units with that unit off; no
+    flag is pruning off."""
+    from reference_engine.isolated_bypass import forward_units_per_position
+
+    w, d = tiny_engine.weights, tiny_engine.dims
+    ids = tiny_engine.encode("Count the apples: one, two, three, four, five, six.")
+    S = len(ids) - 6
+    seq = torch.tensor([ids])
+    skip = torch.zeros(len(ids), 2 * d.n_layers, dtype=torch.bool)
+    with torch.no_grad():
+        assert torch.allclose(forward_units_per_position(w, seq, S, skip), forward_units(w, seq, S), atol=1e-5)
+        skip[:, 3] = True
+        skip[:, 4] = True
+        km = [True] * d.n_layers
+        ka = [True] * d.n_layers
+        km[1] = False
+        ka[2] = False
+        assert torch.allclose(forward_units_per_position(w, seq, S, skip), forward_units(w, seq, S, ka, km), atol=1e-5)
+        one = torch.zeros_like(skip)
+        one[S + 2, 3] = True  # one position only: earlier rows untouched, later ones moved
+        a, b = forward_units_per_position(w, seq, S, one), forward_units(w, seq, S)
+        assert torch.allclose(a[:3], b[:3], atol=1e-6) and not torch.allclose(a[3:], b[3:], atol=1e-4)
