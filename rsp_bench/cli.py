@@ -341,6 +341,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         s = res.stats
         deg = f", degraded ({s['degraded_reason']})" if s["degraded"] else ""
         router = f", {s['router']} router" if s.get("router") else ""
+        if s.get("router_fallback"):
+            router += " (no unit-router predictor for these weights: `rsp-bench calibrate` trains one)"
         # the unit router skips parts of blocks: its count is in blocks' worth of weight bytes
         what = "blocks' worth of steps" if s.get("router") == "unit" else "block-steps"
         print(f"[{s['total_tokens']} tokens, {s['layers_bypassed']} {what} bypassed "

@@ -265,3 +265,15 @@ def test_json_is_quiet_in_a_fresh_process(tiny_model_dir, tiny_engine) -> None:
     # has no out-of-distribution score (protection is weaker, and a user should hear it once).
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) <= 1 and all("detector fallback:loss_norm" in line for line in lines), proc.stderr
+
+
+def test_generate_says_when_the_default_router_fell_back(tiny_model_dir, tiny_engine, capsys, monkeypatch) -> None:
+    """The default router is the unit router; without its predictor the block router runs and the
+    summary line says why, so a user never mistakes one for the other."""
+    from reference_engine.engine import Engine
+
+    monkeypatch.setattr(Engine, "unit_predictor_available", lambda self: False)
+    code, _, err = _main(["generate", "--model", str(tiny_model_dir), "--quiet", "--log-level", "NONE", "hi",
+                          "--max-new-tokens", "3"], capsys)
+    assert code == 0, err
+    assert "block router (no unit-router predictor for these weights" in err
