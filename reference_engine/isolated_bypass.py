@@ -67,3 +67,30 @@ def forward_unit_alone(w: ModelWeights, record: dict, start: int, unit: int,
         h2 = hm + F.linear(attn.transpose(1, 2).reshape(1, T, dims.q_dim), blk.wo)
         hm = h2 + _mlp(blk, dims, h2)
     return logits_from_hidden(w, hm[0, start - 1:T - 1])
+
+
+def forward_units_per_position(w: ModelWeights, ids: Tensor, start: int, skip: Tensor,
+                               unit_bypass: "list[BypassMap | None] | None" = None) -> Tensor:
+    """Teacher-forced pass over ``ids`` [1, T] where unit u is bypassed at decode position t when
+    ``skip[t, u]`` ([T, 2L] bool; rows before ``start`` are ignored): what a per-token router does
+    with those decisions, each bypassed unit taking its map ``unit_bypass[u]`` or identity, a
+    bypassed attention still writing its K/V. Returns the rows ``model.forward_units`` returns."""
+    dims = w.dims
+    T = ids.shape[1]
+    skip = skip.clone()
+    skip[:start] = False
+    positions = torch.arange(T)[None]
+    cos, sin = w.rope_cos[positions][:, None], w.rope_sin[positions][:, None]
+    h = F.embedding(ids, w.embed)
+    for layer in range(dims.n_layers):
+        blk = w.blocks[layer]
+        q, k, v = _qkv(blk, dims, h, cos, sin)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        a = F.linear(attn.transpose(1, 2).reshape(1, T, dims.q_dim), blk.wo)
+        sa, sm = skip[:, 2 * layer][None, :, None], skip[:, 2 * layer + 1][None, :, None]
+        am = unit_bypass[2 * layer] if unit_bypass is not None else None
+        h2 = h + torch.where(sa, 0.0 if am is None else (h @ am.down) @ am.up, a)
+        m = _mlp(blk, dims, h2)
+        mm = unit_bypass[2 * layer + 1] if unit_bypass is not None else None
+        h = h2 + torch.where(sm, 0.0 if mm is None else (h2 @ mm.down) @ mm.up, m)
+    return logits_from_hidden(w, h[0, start - 1:T - 1])
