@@ -33,9 +33,8 @@ import router_oracle as ro  # noqa: E402
 
 from reference_engine import Engine  # noqa: E402
 from reference_engine import unit_predictor as up  # noqa: E402
-from reference_engine.isolated_bypass import forward_unit_alone, forward_units_per_position  # noqa: E402
+from reference_engine.isolated_bypass import forward_unit_alone  # noqa: E402
 from reference_engine.model import forward_units, rms_norm  # noqa: E402
-from rsp_bench import metrics  # noqa: E402
 
 SETS = ("x", "prev", "x+prev")
 
@@ -122,9 +121,7 @@ def main() -> int:
     report = {k: float(np.mean(v)) for k, v in spear.items()}
     print("within-unit Spearman on the training prompts' held-out part:", report, file=sys.stderr)
     # --- compare on the development prompts
-    prompts = ro.dev_prompts() if hasattr(ro, "dev_prompts") else None
-    prompts = prompts or (list(ro.HELD_OUT_PROMPTS) + [json.loads(x)["text"] for f in ro.DEV_FILES for x in
-                          (ro.ROOT / "fixtures" / "router_curve" / f).read_text().splitlines() if x.strip()])
+    prompts = ro.dev_prompts()
     if args.limit:
         prompts = prompts[: args.limit]
     methods = ["oracle", "packaged", *SETS]
@@ -146,36 +143,11 @@ def main() -> int:
             costs[kind] = c
         runs = [(m, b) for m in methods for b in ro.BUDGETS] + [("static", b) for b in static_grid]
         for m, b in runs:
-            skip_dec = ro.select(costs[m], ub, eligible, b)
-            skip = torch.zeros(T, U, dtype=torch.bool)
-            skip[S:T - 1] = torch.from_numpy(skip_dec)
-            out = forward_units_per_position(w, seq, S, skip, maps)[1:]
-            a = acc[(m, b)]
-            a[0] += float(metrics.top1_matches(clean[1:], out).sum())
-            a[1] += float(metrics.kl_per_token(clean[1:], out).sum())
-            a[2] += float((skip_dec * ub[None, :]).sum())
-            a[3] += n
+            ro.run_selection(w, seq, S, clean[1:], costs[m], ub, eligible, b, maps, acc[(m, b)])
         print(f"\rdev {i + 1}/{len(prompts)}, {time.perf_counter() - t0:.0f} s", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
 
-    def point(key):
-        agree, klsum, by, n = acc[key]
-        return {"blocks_worth": by / n, "top1": agree / n, "kl_mean": klsum / n, "positions": n}
-
-    st = sorted((point(("static", b)) for b in static_grid), key=lambda p: p["blocks_worth"])
-    xsb = [p["blocks_worth"] for p in st]
-    rows = []
-    for b in ro.BUDGETS:
-        row = {"budget": b}
-        for m in methods:
-            p = point((m, b))
-            s_top1 = float(np.interp(p["blocks_worth"], xsb, [q["top1"] for q in st]))
-            s_kl = float(np.interp(p["blocks_worth"], xsb, [q["kl_mean"] for q in st]))
-            row[m] = {**p, "static_top1": s_top1, "static_kl": s_kl,
-                      "top1_lead_points": 100 * (p["top1"] - s_top1), "kl_minus_static": p["kl_mean"] - s_kl}
-        rows.append(row)
-        print(f"budget {b}: " + "; ".join(f"{m} {row[m]['top1_lead_points']:+.1f} pts, KL {row[m]['kl_mean']:.3f} vs "
-                                          f"{row[m]['static_kl']:.3f}" for m in methods))
+    rows, st = ro.summarise(acc, methods, ro.BUDGETS, static_grid)
     res = {"what": __doc__.split("\n")[0], "command": "python scripts/router_features.py " + " ".join(sys.argv[1:]),
            "train_prompts": len(train), "dev_prompts": len(prompts), "tokens": args.tokens,
            "spearman_within_unit_held_out": report, "rows": rows, "static_curve": st,

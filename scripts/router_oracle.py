@@ -60,6 +60,51 @@ def select(cost: np.ndarray, ub: np.ndarray, eligible: np.ndarray, budget: float
     return skip
 
 
+def dev_prompts() -> list[str]:
+    """The development prompts: the built-in set, then heldout_2026-12-03 and _2026-12-04."""
+    return list(HELD_OUT_PROMPTS) + [json.loads(x)["text"] for f in DEV_FILES
+                                     for x in (ROOT / "fixtures" / "router_curve" / f).read_text().splitlines() if x.strip()]
+
+
+def run_selection(w, seq: torch.Tensor, S: int, clean_rows: torch.Tensor, cost: np.ndarray, ub: np.ndarray,
+                  eligible: np.ndarray, budget: float, maps, acc: list) -> None:
+    """Run one decision set (``select`` of ``cost`` within ``budget``) through a per-position pass
+    and add its top-1 hits, summed KL, bytes (blocks' worth) and positions to ``acc``."""
+    T, U = seq.shape[1], len(ub)
+    skip_dec = select(cost, ub, eligible, budget)
+    skip = torch.zeros(T, U, dtype=torch.bool)
+    skip[S:T - 1] = torch.from_numpy(skip_dec)
+    out = forward_units_per_position(w, seq, S, skip, maps)[1:]
+    acc[0] += float(metrics.top1_matches(clean_rows, out).sum())
+    acc[1] += float(metrics.kl_per_token(clean_rows, out).sum())
+    acc[2] += float((skip_dec * ub[None, :]).sum())
+    acc[3] += skip_dec.shape[0]
+
+
+def summarise(acc: dict, methods: list[str], budgets, static_grid) -> tuple[list[dict], list[dict]]:
+    """Per budget and method: bytes, top-1 and mean KL, and the best static removal (the
+    ``static`` sweep) interpolated at the method's bytes; and the static curve itself."""
+    def point(key):
+        agree, kl, by, n = acc[key]
+        return {"blocks_worth": by / n, "top1": agree / n, "kl_mean": kl / n, "positions": n}
+
+    st = sorted((point(("static", b)) for b in static_grid), key=lambda p: p["blocks_worth"])
+    xs = [p["blocks_worth"] for p in st]
+    rows = []
+    for b in budgets:
+        row = {"budget": b}
+        for m in methods:
+            p = point((m, b))
+            s_top1 = float(np.interp(p["blocks_worth"], xs, [q["top1"] for q in st]))
+            s_kl = float(np.interp(p["blocks_worth"], xs, [q["kl_mean"] for q in st]))
+            row[m] = {**p, "static_top1": s_top1, "static_kl": s_kl,
+                      "top1_lead_points": 100 * (p["top1"] - s_top1), "kl_minus_static": p["kl_mean"] - s_kl}
+        rows.append(row)
+        print(f"budget {b}: " + "; ".join(f"{m} {row[m]['blocks_worth']:.2f} bw {row[m]['top1_lead_points']:+.1f} pts, "
+                                          f"KL {row[m]['kl_mean']:.3f} vs {row[m]['static_kl']:.3f}" for m in methods))
+    return rows, st
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=32)
@@ -77,8 +122,7 @@ def main() -> int:
     L = engine.dims.n_layers
     U = 2 * L
     eligible = np.array([u // 2 not in (0, L - 1) for u in range(U)])
-    prompts = list(HELD_OUT_PROMPTS) + [json.loads(x)["text"] for f in DEV_FILES
-                                        for x in (ROOT / "fixtures" / "router_curve" / f).read_text().splitlines() if x.strip()]
+    prompts = dev_prompts()
     if args.limit:
         prompts = prompts[: args.limit]
     methods = ["oracle", "predicted"]
@@ -110,44 +154,15 @@ def main() -> int:
         runs = [(m, b, c) for m, c in (("oracle", oracle), ("predicted", predicted)) for b in BUDGETS]
         runs += [("static", b, static) for b in STATIC_GRID]
         for m, b, cost in runs:
-            skip_dec = select(cost, ub, eligible, b)
-            skip = torch.zeros(T, U, dtype=torch.bool)
-            skip[S:T - 1] = torch.from_numpy(skip_dec)
-            out = forward_units_per_position(w, seq, S, skip, maps)[1:]
-            a = acc[(m, b)]
-            a[0] += float(metrics.top1_matches(ref_rows, out).sum())
-            a[1] += float(metrics.kl_per_token(ref_rows, out).sum())
-            a[2] += float((skip_dec * ub[None, :]).sum())
-            a[3] += n
+            run_selection(w, seq, S, ref_rows, cost, ub, eligible, b, maps, acc[(m, b)])
         print(f"\r{i + 1}/{len(prompts)} prompts, {time.perf_counter() - t0:.0f} s", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
 
-    def point(key):
-        agree, kl, by, n = acc[key]
-        return {"blocks_worth": by / n, "top1": agree / n, "kl_mean": kl / n, "positions": n}
-
-    st = sorted((point(("static", b)) for b in STATIC_GRID), key=lambda p: p["blocks_worth"])
-    xs = [p["blocks_worth"] for p in st]
-    rows = []
-    for b in BUDGETS:
-        row = {"budget": b}
-        for m in methods:
-            p = point((m, b))
-            row[m] = p
-            row[f"static_at_{m}"] = {"top1": float(np.interp(p["blocks_worth"], xs, [q["top1"] for q in st])),
-                                     "kl_mean": float(np.interp(p["blocks_worth"], xs, [q["kl_mean"] for q in st]))}
-            row[f"{m}_top1_lead_points"] = 100 * (p["top1"] - row[f"static_at_{m}"]["top1"])
-            row[f"{m}_kl_minus_static"] = p["kl_mean"] - row[f"static_at_{m}"]["kl_mean"]
-        rows.append(row)
+    rows, st = summarise(acc, methods, BUDGETS, STATIC_GRID)
     res = {"what": __doc__.split("\n")[0], "command": "python scripts/router_oracle.py " + " ".join(sys.argv[1:]),
            "prompts": len(prompts), "tokens": args.tokens, "rows": rows, "static_curve": st,
            "seconds": round(time.perf_counter() - t0, 1)}
     args.out.write_text(json.dumps(res, indent=1))
-    for r in rows:
-        print(f"budget {r['budget']}: " + "; ".join(
-            f"{m} {r[m]['blocks_worth']:.2f} bw top1 {r[m]['top1']:.3f} (static {r[f'static_at_{m}']['top1']:.3f}, "
-            f"{r[f'{m}_top1_lead_points']:+.1f}) KL {r[m]['kl_mean']:.3f} (static {r[f'static_at_{m}']['kl_mean']:.3f})"
-            for m in methods))
     return 0
 
 
