@@ -31,7 +31,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import router_oracle as ro  # noqa: E402
 
-from reference_engine import Engine  # noqa: E402
 from reference_engine import unit_predictor as up  # noqa: E402
 from reference_engine.isolated_bypass import forward_unit_alone  # noqa: E402
 from reference_engine.model import forward_units, rms_norm  # noqa: E402
@@ -74,16 +73,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ro.ROOT / "results" / "router_features_dev.json")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    torch.set_grad_enabled(False)
-    engine = Engine.load(None)
+    engine, pred, maps, ub, eligible = ro.load_setup()
     w = engine.weights
-    pred = engine.unit_predictor()
-    maps = pred.bypass_maps()
-    ub_raw, block_bytes = engine.unit_bytes()
-    ub = np.asarray(ub_raw, float) / block_bytes
     L = engine.dims.n_layers
     U = 2 * L
-    eligible = np.array([u // 2 not in (0, L - 1) for u in range(U)])
     # --- fit on the training prompts, per-token labels
     train = up.TRAIN_PROMPTS[: args.train_limit] if args.train_limit else up.TRAIN_PROMPTS
     held = set(np.random.default_rng(up.SEED).permutation(len(train))[: max(1, len(train) // 4)].tolist())

@@ -105,6 +105,18 @@ def summarise(acc: dict, methods: list[str], budgets, static_grid) -> tuple[list
     return rows, st
 
 
+def load_setup():
+    """The embedded engine, its unit predictor and unit maps, each unit's bytes in blocks' worth,
+    and which units may go (blocks 0 and L - 1 protected, as the engine's default blacklist)."""
+    torch.set_grad_enabled(False)
+    engine = Engine.load(None)
+    pred = engine.unit_predictor()
+    ub_raw, block_bytes = engine.unit_bytes()
+    L = engine.dims.n_layers
+    eligible = np.array([u // 2 not in (0, L - 1) for u in range(2 * L)])
+    return engine, pred, pred.bypass_maps(), np.asarray(ub_raw, float) / block_bytes, eligible
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=32)
@@ -112,16 +124,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "router_oracle_dev.json")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    torch.set_grad_enabled(False)
-    engine = Engine.load(None)
+    engine, pred, maps, ub, eligible = load_setup()
     w = engine.weights
-    pred = engine.unit_predictor()
-    maps = pred.bypass_maps()
-    ub_raw, block_bytes = engine.unit_bytes()
-    ub = np.asarray(ub_raw, float) / block_bytes  # in blocks' worth
     L = engine.dims.n_layers
     U = 2 * L
-    eligible = np.array([u // 2 not in (0, L - 1) for u in range(U)])
     prompts = dev_prompts()
     if args.limit:
         prompts = prompts[: args.limit]
