@@ -51,7 +51,7 @@ def sample(engine, w, maps, eligible, ids, cont):
     for u in range(U):
         if eligible[u]:
             out = forward_unit_alone(w, rec, S, u, maps[u])[1:]
-            kl[u] = (ref_logp.exp() * (ref_logp - torch.log_softmax(out.double(), -1))).sum(-1).clamp(min=0).numpy()
+            kl[u] = up._kl_rows(ref_logp, out)
     L = engine.dims.n_layers
     xs = [rec["x_attn" if u % 2 == 0 else "x_mlp"][u // 2][S:T - 1].numpy() for u in range(U)]
     final = rms_norm(rec["h"][L], w.final_norm, engine.dims.rms_eps)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from reference_engine import Engine
+from reference_engine import unit_predictor as up
 from reference_engine.isolated_bypass import forward_unit_alone, forward_units_per_position
 from reference_engine.model import forward_units
 from rsp_bench import metrics
@@ -150,7 +151,7 @@ def main() -> int:
         for u in range(U):
             if eligible[u]:
                 out = forward_unit_alone(w, rec, S, u, maps[u])[1:]
-                oracle[u] = (ref_logp.exp() * (ref_logp - torch.log_softmax(out.double(), -1))).sum(-1).clamp(min=0).numpy()
+                oracle[u] = up._kl_rows(ref_logp, out)
         predicted = np.zeros((U, n))
         for layer in range(L):
             for k, key in enumerate(("x_attn", "x_mlp")):
