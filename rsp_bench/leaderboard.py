@@ -16,9 +16,10 @@ configurations marked), and a short "what changed" list between the newest recor
 section and the one before it. Projected GPU figures (modelled from datasheet profiles, not
 measured) go in their own table, as do the protective-degradation rates. Records drawn on other
 prompt subsets (``--rsp-subset-seed``) are left out and counted. When the results folder holds
-``router_curve*.json`` files (`rsp-bench router-curve`, one per held-out prompt set), the unit
-router's curves against static and random removal at equal bytes close the board
-(``rsp_bench.router_curve``).
+``router_curve*.json`` files (`rsp-bench router-curve`, one per held-out prompt set), or its
+records hold the full run's router-curve suite, the unit router's curves against static and
+random removal at equal bytes close the board (``rsp_bench.router_curve``; those configurations
+have no row in the main table).
 
 Outputs (written atomically through ``rsp_bench.storage``, byte for byte identical when rebuilt
 from the same records: no timestamps, no paths, fixed plot size, dpi, style and PNG metadata):
@@ -46,6 +47,7 @@ from rsp_bench.errors import HarnessInputError
 from rsp_bench.leaderboard_plot import Panel, Point, render_panels_png
 from rsp_bench.profiles import PROFILES
 from rsp_bench.records import latest_records, record_sort_key, validate_record
+from rsp_bench.router_curve import CURVE_MODES, record_curves
 from rsp_bench.router_curve import curve_note, curve_rows, curve_speed_note, curve_speed_rows, curve_title, load_curves
 from rsp_bench.router_curve import HEADERS as CURVE_HEADERS
 from rsp_bench.router_curve import SPEED_HEADERS as CURVE_SPEED_HEADERS
@@ -233,8 +235,8 @@ def sections(records: Iterable[Mapping[str, Any]]) -> tuple[list[Section], int]:
         chosen: dict[str, tuple[int, dict[str, Any]]] = {}
         for rank, record in enumerate(recs):
             for config_id, config in record["configurations"].items():
-                if not config["metrics"]:
-                    continue
+                if not config["metrics"] or config["mode"] in CURVE_MODES:
+                    continue  # the router curve's points have their own tables (record_curves)
                 main = any(k in config["metrics"] for k in _MAIN_METRICS)
                 held = chosen.get(config_id)
                 if held is None or (main and not any(k in held[1]["metrics"] for k in _MAIN_METRICS)):
@@ -251,7 +253,8 @@ def sections(records: Iterable[Mapping[str, Any]]) -> tuple[list[Section], int]:
                     _speedup(config_id, config, record), _exact(config["metrics"]),
                     not _same_engine_code(_engine_code(record), newest)))
         section.entries.sort(key=_rank_key)
-        out.append(section)
+        if section.entries:  # a record of the router curve alone has nothing for the main table
+            out.append(section)
     return out, left_out
 
 
@@ -510,12 +513,14 @@ def write_leaderboard(
     """Write ``leaderboard.md``, ``leaderboard.html`` and ``quality_vs_speed.png`` into ``out_dir``.
 
     ``records_dir_or_records`` is a results folder (its ``runs/`` are read, and its
-    ``router_curve*.json`` unless ``curves`` is given) or the records themselves.
+    ``router_curve*.json`` unless ``curves`` is given) or the records themselves; unless
+    ``curves`` is given, the records' own router curves follow the files'.
     Returns ``{"md": ..., "html": ..., "png": ...}``.
     """
     records = _as_records(records_dir_or_records)
     if curves is None:
         curves = load_curves(records_dir_or_records) if isinstance(records_dir_or_records, (str, os.PathLike)) else []
+        curves = [*curves, *record_curves(records)]
     out = Path(out_dir)
     # The plot first: if drawing fails, no table points at a missing or stale picture.
     png = atomic_write_bytes(out / PLOT_NAME, render_plot_png(records))
@@ -541,7 +546,7 @@ def run_leaderboard(args: argparse.Namespace) -> int:
         raise HarnessInputError(
             f"{Path(args.results) / 'runs'}: no run records to build a leaderboard from (run `rsp-bench run` first)"
         )
-    curves = load_curves(args.results)
+    curves = [*load_curves(args.results), *record_curves(records)]
     paths = write_leaderboard(records, args.out or args.results, curves)
     print(render_markdown(records, PLOT_NAME, curves), end="")
     for path in paths.values():

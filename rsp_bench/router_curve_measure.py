@@ -27,8 +27,12 @@ Writes the JSON atomically. The sensitivities here are the router's own internal
 (``Engine.raw_unit_scale``: the static prior's candidate share, router.static_prior), not the
 user scale of reference_engine/sensitivity_scale.py.
 
+The measurement itself is ``measure_curve`` (an engine, held-out prompts, targets, sizes): the
+command calls it with the sizes above, and the full run's suite (suites/test_router_curve.py)
+with smaller ones, recording its figures in the run record (``rsp_bench.router_curve``).
+
 Must not import the pytest plugin; imports torch and the engine (it is loaded only when the
-command runs).
+command runs, or when the suite measures).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -81,6 +86,26 @@ HELD_OUT_PROMPTS = (
     "Convert 5 kilometres to miles and explain the conversion.",
     "Write a short apology message for a late delivery.",
 )
+
+
+BUILT_IN_SOURCE = "built-in HELD_OUT_PROMPTS (a development set: used to compare router designs)"
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def read_held_out(path: Path) -> tuple[str, ...]:
+    """The prompts of a JSONL file, one JSON object with a "text" per line; ValueError when it
+    cannot be read as one, or holds none."""
+    try:
+        prompts = tuple(json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()
+                        if line.strip())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a JSONL file of objects with a \"text\" ({exc})") from exc
+    if not prompts:
+        raise ValueError("no prompts")
+    return prompts
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -125,7 +150,7 @@ def router_point(engine: Engine, cases: list[Case], s: float) -> dict:
                                     hardware_watermark=0.0, log_level="NONE")
         if res.stats["degraded"]:  # protective degradation ran it unpruned: counted, not hidden
             degraded += 1
-            print(f"  note: degraded ({res.stats['degraded_reason']}) at s={s}", flush=True)
+            _log(f"  note: degraded ({res.stats['degraded_reason']}) at s={s}")
         a, k, m = _quality(c.ref_engine, res.logits)
         agree, kl, n = agree + a, kl + k, n + m
         saved += res.stats["bypassed_weight_bytes"]
@@ -205,19 +230,37 @@ def static_orders(engine: Engine, pred, blacklist: set[int]) -> dict[str, list[l
     }
 
 
-def choose_sensitivities(points: list[dict]) -> dict[int, float]:
+def choose_sensitivities(points: list[dict], targets: Sequence[int] = TARGETS) -> dict[int, float]:
     s = np.array([p["sensitivity"] for p in points])
     b = np.maximum.accumulate(np.array([p["blocks_worth"] for p in points]))
     out = {}
-    for t in TARGETS:
+    for t in targets:
         if b[-1] < t:
             continue
         out[t] = float(np.interp(t, b, s))
     return out
 
 
-def speed(engine: Engine, prompts: list[str], sens: list[float], n: int, rounds: int) -> list[dict]:
-    """Interleaved A B A B: off, then the router at each sensitivity, per prompt and round."""
+def tune_grid(engine: Engine, tune_prompts: Sequence[str], tokens: int, stop_at: float | None = None,
+              log: Callable[[str], None] = _log) -> list[dict]:
+    """The router at each GRID sensitivity on the tune prompts; with ``stop_at``, the grid stops at
+    the first point whose bytes reach it (the bytes curve is monotone: deeper points choose nothing
+    for targets up to ``stop_at``)."""
+    tune = [Case(engine, p, tokens) for p in tune_prompts]
+    grid = []
+    for s in GRID:
+        grid.append(router_point(engine, tune, s))
+        log(f"  tune s={s}: {grid[-1]}")
+        if stop_at is not None and grid[-1]["blocks_worth"] >= stop_at:
+            break
+    return grid
+
+
+def speed(engine: Engine, prompts: list[str], sens: list[float], n: int, rounds: int, pair_ratios: bool = False,
+          log: Callable[[str], None] = _log) -> list[dict]:
+    """Interleaved A B A B: off, then the router at each sensitivity, per prompt and round; with
+    ``pair_ratios`` each point also holds the per-pair ratios (off time / router time) the
+    speed-up is the median of (the run record's samples)."""
     w = engine.weights
     step_bytes = sum(w.bytes_per_block() for _ in w.blocks) + w.lm_head.numel() * w.lm_head.element_size()
     _, bb = engine.unit_bytes()
@@ -240,7 +283,9 @@ def speed(engine: Engine, prompts: list[str], sens: list[float], n: int, rounds:
                     "ideal_speedup": step_bytes / (step_bytes - per_tok), "blocks_worth": per_tok / bb,
                     "router_ms_per_token": 1e3 * rt / steps, "pairs": len(base),
                     "off_ms_per_token": 1e3 * float(np.median(base))})
-        print(f"  speed s={s:.3f}: {out[-1]}", flush=True)
+        if pair_ratios:
+            out[-1]["pair_ratios"] = [a / c for a, c in zip(base, cand)]
+        log(f"  speed s={s:.3f}: {out[-1]}")
     return out
 
 
@@ -265,23 +310,74 @@ def configure_parser(ap: argparse.ArgumentParser) -> None:
                     help="reuse the tune grid and chosen sensitivities of an earlier result (skips step 1)")
 
 
+def measure_curve(engine: Engine, held_prompts: Sequence[str], *, tune_prompts: Sequence[str] = TUNE_PROMPTS,
+                  tokens: int = 32, targets: Sequence[int] = TARGETS, grid: list[dict] | None = None,
+                  stop_tune_at_targets: bool = False, grid_extras: bool = True, seeds: Sequence[int] = SEEDS,
+                  speed_prompts: int = 4, speed_rounds: int = 2, speed_targets: Sequence[int] | None = (1, 3, 6),
+                  speed_deepest: bool = True, pair_ratios: bool = False,
+                  log: Callable[[str], None] = _log) -> dict:
+    """Steps 1-3 of the module docstring on ``engine`` (sensitivities in the router's raw scale,
+    entered here): the curve's figures as a dict with the command's keys ``predictor_report``,
+    ``tune_grid``, ``chosen_sensitivities``, ``held_out``, ``speed`` and ``static_orders``.
+
+    ``grid``: an earlier tune grid (skips step 1); ``stop_tune_at_targets``: the tune grid stops
+    once its bytes reach the deepest target; ``grid_extras``: also measure the GRID points above
+    the chosen sensitivities on the held-out prompts; ``speed_targets``: the targets whose
+    sensitivities are timed (None: all), ``speed_deepest``: and the deepest measured point;
+    ``pair_ratios``: each speed point keeps its per-pair ratios."""
+    pred = engine.unit_predictor(progress=log)
+    L = engine.dims.n_layers
+    blacklist = {0, L - 1}
+    with engine.raw_unit_scale():  # the curve's sensitivities are the router's own scale
+        log(f"kernel {engine.decode_kernel}; predictor report {json.dumps(pred.report)[:400]}")
+        if grid is None:
+            grid = tune_grid(engine, tune_prompts, tokens, max(targets) if stop_tune_at_targets else None, log)
+        chosen = choose_sensitivities(grid, targets)
+        # The held-out prompts may land elsewhere than the tune ones did: the fixed grid's points above
+        # the chosen ones are measured too (chosen a priori, not on the held-out figures).
+        extra = [s for s in GRID if s > max(chosen.values(), default=0.0)] if grid_extras else []
+        log(f"chosen sensitivities {chosen}, plus grid points {extra}")
+
+        held = [Case(engine, p, tokens) for p in held_prompts]
+        statics = {name: Removal(engine, held, g) for name, g in static_orders(engine, pred, blacklist).items()}
+        randoms = [Removal(engine, held, [[u] for u in random_units(2 * L, blacklist, seed)]) for seed in seeds]
+        rows = []
+        for target, s in [*sorted(chosen.items()), *[(None, s) for s in extra]]:
+            rp = router_point(engine, held, s)
+            st = {name: r.at_bytes(rp["blocks_worth"]) for name, r in statics.items()}
+            best = max(st, key=lambda name: st[name]["top1"])
+            rd = [r.at_bytes(rp["blocks_worth"]) for r in randoms]
+            row = {"target_blocks_worth": target, "router": rp, "static": st, "best_static": best,
+                   "random": {"top1": float(np.mean([r["top1"] for r in rd])), "kl": float(np.mean([r["kl"] for r in rd])),
+                              "top1_per_seed": [r["top1"] for r in rd]},
+                   "router_minus_static_unit_bi_top1": rp["top1"] - st["unit_bi"]["top1"],
+                   "router_minus_best_static_top1": rp["top1"] - st[best]["top1"]}
+            rows.append(row)
+            log(f"held-out target {target}: router {rp['top1']:.3f}/{rp['kl']:.3f} at {rp['blocks_worth']:.2f} blocks; "
+                + "; ".join(f"{n} {v['top1']:.3f}/{v['kl']:.3f}" for n, v in st.items())
+                + f"; random {row['random']['top1']:.3f}")
+        timed = {r["router"]["sensitivity"] for r in rows
+                 if r["target_blocks_worth"] is not None and (speed_targets is None or r["target_blocks_worth"] in speed_targets)}
+        if speed_deepest and rows:
+            timed.add(max(rows, key=lambda r: r["router"]["blocks_worth"])["router"]["sensitivity"])
+        sp = speed(engine, list(held_prompts[:speed_prompts]), sorted(timed), tokens, speed_rounds, pair_ratios, log)
+    return {"predictor_report": pred.report, "tune_grid": grid, "chosen_sensitivities": chosen, "held_out": rows,
+            "speed": sp, "static_orders": {name: r.groups for name, r in statics.items()}}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.tokens < 4:
         print(f"rsp-bench router-curve: error: --tokens must be >= 4, got {args.tokens}", file=sys.stderr)
         return 2
-    held_source = "built-in HELD_OUT_PROMPTS (a development set: used to compare router designs)"
+    held_source = BUILT_IN_SOURCE
     all_held: tuple[str, ...] = HELD_OUT_PROMPTS
     if args.held_out is not None:
         try:
-            all_held = tuple(json.loads(line)["text"] for line in args.held_out.read_text(encoding="utf-8").splitlines()
-                             if line.strip())
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"rsp-bench router-curve: error: --held-out {args.held_out}: not a JSONL file of objects with a \"text\" ({exc})", file=sys.stderr)
-            return 2
-        if not all_held:
-            print(f"rsp-bench router-curve: error: --held-out {args.held_out}: no prompts", file=sys.stderr)
+            all_held = read_held_out(args.held_out)
+        except ValueError as exc:
+            print(f"rsp-bench router-curve: error: --held-out {args.held_out}: {exc}", file=sys.stderr)
             return 2
         held_source = str(args.held_out)
     grid = None
@@ -297,51 +393,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_grad_enabled(False)
     engine = Engine.load(args.model)
     tune_prompts, held_prompts = (TUNE_PROMPTS[:2], all_held[:3]) if args.smoke else (TUNE_PROMPTS, all_held)
-    pred = engine.unit_predictor(progress=print)
-    # the curve's sensitivities are the router's own threshold scales, not the user scale
-    with engine.raw_unit_scale():
-        return _measure(args, engine, pred, tune_prompts, held_prompts, held_source, grid, t0)
-
-
-def _measure(args, engine, pred, tune_prompts, held_prompts, held_source, grid, t0) -> int:
-    L = engine.dims.n_layers
-    blacklist = {0, L - 1}
-    print(f"kernel {engine.decode_kernel}; predictor report {json.dumps(pred.report)[:400]}", flush=True)
-
-    if grid is None:
-        tune = [Case(engine, p, args.tokens) for p in tune_prompts]
-        grid = []
-        for s in GRID:
-            grid.append(router_point(engine, tune, s))
-            print(f"  tune s={s}: {grid[-1]}", flush=True)
-    chosen = choose_sensitivities(grid)
-    # The held-out prompts may land elsewhere than the tune ones did: the fixed grid's points above
-    # the chosen ones are measured too (chosen a priori, not on the held-out figures).
-    extra = [s for s in GRID if s > max(chosen.values(), default=0.0)]
-    print(f"chosen sensitivities {chosen}, plus grid points {extra}", flush=True)
-
-    held = [Case(engine, p, args.tokens) for p in held_prompts]
-    statics = {name: Removal(engine, held, g) for name, g in static_orders(engine, pred, blacklist).items()}
-    randoms = [Removal(engine, held, [[u] for u in random_units(2 * L, blacklist, seed)]) for seed in SEEDS]
-    rows = []
-    for target, s in [*sorted(chosen.items()), *[(None, s) for s in extra]]:
-        rp = router_point(engine, held, s)
-        st = {name: r.at_bytes(rp["blocks_worth"]) for name, r in statics.items()}
-        best = max(st, key=lambda name: st[name]["top1"])
-        rd = [r.at_bytes(rp["blocks_worth"]) for r in randoms]
-        row = {"target_blocks_worth": target, "router": rp, "static": st, "best_static": best,
-               "random": {"top1": float(np.mean([r["top1"] for r in rd])), "kl": float(np.mean([r["kl"] for r in rd])),
-                          "top1_per_seed": [r["top1"] for r in rd]},
-               "router_minus_static_unit_bi_top1": rp["top1"] - st["unit_bi"]["top1"],
-               "router_minus_best_static_top1": rp["top1"] - st[best]["top1"]}
-        rows.append(row)
-        print(f"held-out target {target}: router {rp['top1']:.3f}/{rp['kl']:.3f} at {rp['blocks_worth']:.2f} blocks; "
-              + "; ".join(f"{n} {v['top1']:.3f}/{v['kl']:.3f}" for n, v in st.items())
-              + f"; random {row['random']['top1']:.3f}", flush=True)
-    deepest = max(rows, key=lambda r: r["router"]["blocks_worth"])["router"]["sensitivity"]
-    sp = speed(engine, list(held_prompts[:args.speed_prompts]),
-               sorted({*[r["router"]["sensitivity"] for r in rows if r["target_blocks_worth"] in (1, 3, 6)], deepest}),
-               args.tokens, args.speed_rounds)
+    curve = measure_curve(engine, held_prompts, tune_prompts=tune_prompts, tokens=args.tokens, grid=grid,
+                          speed_prompts=args.speed_prompts, speed_rounds=args.speed_rounds)
     result = {
         "what": "unit router vs static (Block Influence per unit) and random per-unit removal at equal weight bytes",
         "command": "rsp-bench router-curve " + " ".join(sys.argv[2:]),
@@ -349,9 +402,9 @@ def _measure(args, engine, pred, tune_prompts, held_prompts, held_source, grid, 
         "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
         "load_note": args.load_note, "held_out_source": held_source,
         "tokens": args.tokens, "tune_prompts": len(tune_prompts), "held_out_prompts": len(held_prompts),
-        "predictor_report": pred.report, "tune_grid": grid, "chosen_sensitivities": chosen,
-        "held_out": rows, "speed": sp, "seconds": round(time.perf_counter() - t0, 1),
-        "static_orders": {name: r.groups for name, r in statics.items()},
+        "predictor_report": curve["predictor_report"], "tune_grid": curve["tune_grid"],
+        "chosen_sensitivities": curve["chosen_sensitivities"], "held_out": curve["held_out"], "speed": curve["speed"],
+        "seconds": round(time.perf_counter() - t0, 1), "static_orders": curve["static_orders"],
     }
     _write_atomic(args.out, json.dumps(result, indent=1))
     print(f"wrote {args.out} in {result['seconds']} s")

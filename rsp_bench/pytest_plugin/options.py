@@ -24,6 +24,8 @@ MARKERS = {
     "throughput": "decode speed and projected GPU figures (rsp-bench speed suite)",
     "adversarial": "odd and adversarial inputs, protective degradation (rsp-bench)",
     "lm_eval": "lm-evaluation-harness tasks through the engine adapter (rsp-bench)",
+    "router_curve": "the unit router's quality/speed curve against static removal of the same bytes "
+                    "(rsp-bench; full run only)",
     "gpu": "needs a CUDA device; skipped without one",
     "reference_only": "exercises the reference engine itself; skipped under another --rsp-engine",
     "docs": "a documentation page's examples, run as written",
@@ -32,12 +34,16 @@ MARKERS = {
                        "(it records what they measured)",
 }
 # Markers whose tests, when they run, name a suite in the run record.
-SUITE_MARKERS = ("equivalence", "extraction", "throughput", "adversarial", "lm_eval")
+SUITE_MARKERS = ("equivalence", "extraction", "throughput", "adversarial", "lm_eval", "router_curve")
 
 DEFAULT_SENSITIVITIES = "0.25,0.5,1.0"
 DEFAULT_RESULTS = "results/local"
 DEFAULT_BASELINES = "results/baselines"
 QUICK_SENSITIVITIES = "0.5"
+# The router-curve suite's default size (suites/test_router_curve.py says why): held-out prompts
+# and target budgets, in blocks' worth of weight bytes skipped per decode token.
+DEFAULT_CURVE_PROMPTS = 6
+DEFAULT_CURVE_TARGETS = "1,3,6"
 # Modes a --rsp-mode may name for the reference engine; "static" needs a block list, which
 # the static-shortgpt / static-random baselines supply.
 REFERENCE_MODES = ("off", "lossy", "lossless")
@@ -65,6 +71,9 @@ class RspOptions:
     reason: str | None = None
     reference_cache: bool = True
     ab_base: str | None = None  # git ref the session's end A/B-tests this working tree against
+    curve_prompts: int = DEFAULT_CURVE_PROMPTS  # the router-curve suite's held-out prompts
+    curve_targets: tuple[int, ...] = (1, 3, 6)  # and its target budgets (blocks' worth per token)
+    curve_held_out: Path | None = None  # a JSONL file of held-out prompts (None: the built-in set)
 
 
 # --------------------------------------------------------------------------- options
@@ -115,6 +124,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rsp-reverse", action="store_true", default=False,
                     help="run the selected tests in reverse order (tests marked rsp_module_last still "
                          "close their module): checks that no suite depends on another having run first")
+    group.addoption("--rsp-curve-prompts", metavar="N", default=str(DEFAULT_CURVE_PROMPTS),
+                    help="held-out prompts of the router-curve suite (full run only; default %(default)s)")
+    group.addoption("--rsp-curve-targets", metavar="LIST", default=DEFAULT_CURVE_TARGETS,
+                    help="target budgets of the router-curve suite, in blocks' worth skipped per token "
+                         "(integers 1-6; default %(default)s)")
+    group.addoption("--rsp-curve-held-out", metavar="JSONL", default=None,
+                    help="held-out prompts of the router-curve suite, one JSON object with a \"text\" per line "
+                         "(default: the built-in set of `rsp-bench router-curve`)")
     group.addoption("--rsp-subset-seed", metavar="N", default="0",
                     help="seed of the fixture subsets the suites draw (default 0, the baseline's); "
                          "another seed checks that figures reproduce on prompts nobody tuned to, "
@@ -239,10 +256,35 @@ def _parse_options(config: pytest.Config) -> RspOptions:
         if engine != "reference":
             raise pytest.UsageError(f"--rsp-ab-base runs the reference engine's A/B; for --rsp-engine {engine!r} "
                                     f"use `rsp-bench ab --engine {engine}` or `--base-url/--head-url`")
+    curve_prompts, curve_targets, curve_held_out = _parse_curve_options(config)
     return RspOptions(model=model, sensitivities=sensitivities, modes=modes, engine=engine, quick=quick,
                       results_dir=results, update_baseline=bool(config.getoption("--rsp-update-baseline")),
                       gate=not config.getoption("--rsp-no-gate"), max_new_tokens=max_new,
                       subset_seed=subset_seed, baselines_dir=folders["--rsp-baselines"],
                       ci=ci, engine_url=config.getoption("--rsp-engine-url"),
                       engine_model=config.getoption("--rsp-engine-model"), reason=reason,
-                      reference_cache=not config.getoption("--rsp-no-reference-cache"), ab_base=ab_base)
+                      reference_cache=not config.getoption("--rsp-no-reference-cache"), ab_base=ab_base,
+                      curve_prompts=curve_prompts, curve_targets=curve_targets, curve_held_out=curve_held_out)
+
+
+def _parse_curve_options(config: pytest.Config) -> tuple[int, tuple[int, ...], Path | None]:
+    """--rsp-curve-prompts, --rsp-curve-targets and --rsp-curve-held-out, checked (the file's
+    contents are read by the suite)."""
+    raw = str(config.getoption("--rsp-curve-prompts"))
+    if not raw.isdigit() or int(raw) < 1:
+        raise pytest.UsageError(f"--rsp-curve-prompts: {raw!r} is not an integer >= 1")
+    targets: list[int] = []
+    for part in (p.strip() for p in str(config.getoption("--rsp-curve-targets")).split(",")):
+        if not part.isdigit() or not 1 <= int(part) <= 6:
+            raise pytest.UsageError(f"--rsp-curve-targets: {part!r} is not an integer in 1..6 (expected e.g. 1,3,6)")
+        if int(part) not in targets:
+            targets.append(int(part))
+    held = config.getoption("--rsp-curve-held-out")
+    path = None
+    if held is not None:
+        path = Path(held).expanduser()
+        if not path.is_absolute():
+            path = Path(config.invocation_params.dir) / path
+        if not path.is_file():
+            raise pytest.UsageError(f"--rsp-curve-held-out: {held!r} is not a file")
+    return int(raw), tuple(sorted(targets)), path
