@@ -419,3 +419,33 @@ def test_word_level_script_mixing_counts_only_plain_gaps():
     assert s.script_words == 14 and len(s.word_scripts) >= 3 and s.word_switches >= 10
     punctuated = scan(WORD_SALAD.replace(" ", ", "))
     assert punctuated.word_switches == 0 and text_anomaly_reason(WORD_SALAD.replace(" ", ", ")) is None
+
+
+_PARAGRAPH = ("The ferry to the island runs twice a day in winter, and the captain waits for the school bus "
+              "if it is late. Nobody on the island remembers a day when he left without the children.")
+
+
+@pytest.mark.parametrize("text, reason", [
+    (_PARAGRAPH + "\n\n" + _PARAGRAPH, "repeated_passage"),  # a paragraph pasted twice
+    ("Please summarise: " + " ".join([_PARAGRAPH] * 3), "repeated_passage"),
+    ("say it again and again " * 8, "repeated_passage"),  # a phrase looped
+    (_PARAGRAPH, None),  # once: ordinary prose
+    ("thank you very much " * 4, None),  # under 24 words: too short to judge
+    # the same words on every line, cut apart by digits and symbols: log lines and CSV rows
+    ("\n".join(f"2026-12-04 10:{i:02d}:03 INFO worker pool started the scheduled cleanup job for tenant {i}"
+               for i in range(12)), None),
+    ("Which rows repeat?\n" + "\n".join(f"{i},Lisbon,Portugal,the capital city of the country,{1000 + i}"
+                                         for i in range(10)), None),
+])
+def test_repeated_passage(text, reason):
+    assert text_anomaly_reason(text) == reason
+
+
+def test_repeated_share_counts_only_runs_of_plain_words():
+    from reference_engine.degradation.text_rules import repeated_share
+
+    assert repeated_share(_PARAGRAPH + " " + _PARAGRAPH, 8, 24) == 1.0
+    assert repeated_share(_PARAGRAPH, 8, 24) == 0.0
+    # a bracket or a digit every few words ends each stretch: nothing counts
+    broken = " ".join(f"{w} [{i}]" if i % 4 == 3 else w for i, w in enumerate(((_PARAGRAPH + " ") * 2).split()))
+    assert repeated_share(broken, 8, 24) == 0.0

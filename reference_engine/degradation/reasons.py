@@ -28,6 +28,7 @@ REASONS: tuple[str, ...] = (
     "emoji_flood",
     "script_mixing",
     "punctuation_flood",
+    "repeated_passage",
     "special_token_text",
     "prompt_injection",
     "ood_score",

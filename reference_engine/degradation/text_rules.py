@@ -212,6 +212,8 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         and s.punct_all > t.punctuation_flood_rate * s.visible
     ):
         yield "punctuation_flood"
+    if repeated_share(scanned, t.repeat_ngram, t.repeat_min_words) >= t.repeat_share:
+        yield "repeated_passage"
     injection_res, special_res = t._compiled
     if special_res and any(r.search(scanned) for r in special_res):
         yield "special_token_text"
@@ -219,6 +221,46 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         normalised = _normalise_for_patterns(scanned)
         if any(r.search(normalised) for r in injection_res):
             yield "prompt_injection"
+
+
+# A word (letters of any script, inner apostrophes kept) or one character that breaks a run of
+# words: anything but whitespace and plain punctuation and quotes (a digit, a symbol, a bracket).
+_PASSAGE_TOKEN_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*|[^\s,.;:!?'’()\-–—\"“”«»]")
+
+
+def repeated_share(text: str, n: int, min_words: int, min_stretch: int | None = None) -> float:
+    """The share of the text's words inside a run of ``n`` consecutive words (case folded) that
+    occurs at least twice, counting only runs inside a *stretch* of at least ``min_stretch``
+    words (default 2n) with nothing but spaces, plain punctuation and quotes between them; 0.0
+    under ``min_words`` words. A log line's message or a CSV row's text sits between digits, so
+    its stretch is short however often it repeats; a pasted paragraph or a looped phrase is one
+    long stretch. Linear in the text's length."""
+    min_stretch = 2 * n if min_stretch is None else min_stretch
+    toks = [m.group().casefold() for m in _PASSAGE_TOKEN_RE.finditer(text)]
+    is_word = [t[0].isalpha() or len(t) > 1 for t in toks]
+    n_words = sum(is_word)
+    if n_words < min_words:
+        return 0.0
+    stretches, start = [], None  # [start, end) of each maximal run of words
+    for i, w in enumerate(is_word + [False]):
+        if w and start is None:
+            start = i
+        elif not w and start is not None:
+            stretches.append((start, i))
+            start = None
+    starts, seen = [], {}
+    for a, b in stretches:
+        if b - a < min_stretch:
+            continue
+        for i in range(a, b - n + 1):
+            g = tuple(toks[i:i + n])
+            seen[g] = seen.get(g, 0) + 1
+            starts.append((i, g))
+    covered = bytearray(len(toks))
+    for i, g in starts:
+        if seen[g] >= 2:
+            covered[i:i + n] = b"\x01" * n
+    return sum(covered) / n_words
 
 
 def text_anomaly_reason(text: str, thresholds: TextThresholds = TextThresholds()) -> str | None:

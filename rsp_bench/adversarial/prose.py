@@ -63,8 +63,10 @@ def _seeded_sentence(seed: int) -> str:
 def _prose(min_sentences: int, max_sentences: int) -> SearchStrategy[str]:
     # One drawn seed per sentence: a few hypothesis choices per text instead of one per word
     # (5x faster to generate), while shrinking still removes sentences and simplifies seeds.
+    # Distinct seeds: a text that is one sentence said over and over is a repeated passage,
+    # which protective degradation treats as odd input (TextThresholds.repeat_share).
     return st.lists(
-        st.integers(0, 2**32 - 1), min_size=min_sentences, max_size=max_sentences
+        st.integers(0, 2**32 - 1), min_size=min_sentences, max_size=max_sentences, unique=True
     ).map(lambda seeds: " ".join(_seeded_sentence(x) for x in seeds))
 
 
@@ -154,7 +156,8 @@ def _multilingual(draw: Any) -> str:
     langs = draw(st.lists(st.sampled_from(_LANGS), min_size=1, max_size=2, unique=True))
     parts = []
     for lang in langs:
-        parts.extend(draw(st.lists(st.sampled_from(_MULTILINGUAL[lang]), min_size=1, max_size=3)))
+        # distinct sentences, as ``_prose``: the same sentence three times is a repeated passage
+        parts.extend(draw(st.lists(st.sampled_from(_MULTILINGUAL[lang]), min_size=1, max_size=3, unique=True)))
     if draw(st.booleans()):
         parts.append(draw(_prose(1, 2)))
     return " ".join(parts)
