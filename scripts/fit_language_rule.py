@@ -1,27 +1,30 @@
-"""Fit protective degradation's language rule (``reference_engine/degradation/language_rule.py``)
-for the embedded weights, with the three splits kept apart:
+"""Fit protective degradation's language rule (``reference_engine/degradation/language_rule.py``,
+version 2) for the embedded weights, with the three splits kept apart:
 
-1. **Fit** which scripts pruning spares as it spares English, from the per-language damage on the
-   plain requests of two development splits (``fixtures/degradation_heldout_2026-12-03`` and
-   ``..._2026-12-03b``: teacher-forced top-1 and KL against pruning off at the engine's default
-   configuration, the detector suspended, 16 tokens; measured now, so a change of the default
-   router or sensitivity is fitted to; ``--from-reports`` reads the committed reports' figures
-   instead), pooled per script: spared where top-1 is at least English's minus 0.01, KL at most
-   1.5x English's, over at least 256 tokens.
-2. **Choose** the rule's coverage and margin on two other development splits
-   (``fixtures/degradation_heldout`` and ``fixtures/degradation_heldout_2026-12-04``): each of their
-   items written mostly (>= 90% of letters) in a spared script goes through the engine once, and the
-   model-level score of the whole prompt and the request words' share of its content are read. The
-   choice: of a grid, the (coverage, margin) that excuses the most plain requests in other languages
-   while excusing at most 1% of the odd inputs; ties to the larger coverage, then the smaller margin.
-3. **Report** on a split that chose nothing: ``rsp-bench degradation`` on
-   ``fixtures/degradation_heldout_2026-12-04b``.
+1. **Fit** per script the loss from which pruning spares plain requests as it spares English. On
+   the plain requests of three development splits (``FIT``), each prompt gets pruning's damage at
+   the engine's default configuration (teacher-forced top-1 and KL against pruning off, the
+   detector suspended, 16 tokens; measured now, so a change of the default router or sensitivity
+   is fitted to) and the model's mean loss on it (the score's own, read through the engine's
+   check). Per script, the prompts are pooled from the highest loss down: the script's cut is the
+   lowest loss whose prompts at or above it have, pooled, top-1 at least English's minus 0.01 and
+   KL at most 1.5x English's, over at least ``MIN_TOKENS`` tokens; a script with no such cut is
+   not spared.
+2. **Choose** the rule's coverage and margin on two other development splits (``CHOOSE``): each
+   item written mostly (>= 90% of letters) in a spared script goes through the engine once, and
+   the model-level score of the whole prompt, its mean loss and the request words' share of its
+   content are read. The choice: of a grid, the (coverage, margin) that excuses the most plain
+   requests in other languages while excusing at most 1% of the odd inputs; ties to the larger
+   coverage, then the smaller margin.
+3. **Report** on a split that chose nothing: ``rsp-bench degradation`` on the newest held-out
+   split.
 
-Writes ``reference_engine/data/calibration/<weights>-script-damage-v1.json`` (``--out`` elsewhere),
-atomically. Reads the score through a wrapper of ``ood.judge`` (a measurement tool: the engine's
-path is unchanged). About 12 minutes on 2 cores (6 with ``--from-reports``).
+Writes ``reference_engine/data/calibration/<weights>-script-damage-v2.json`` (``--out`` elsewhere)
+and the per-prompt fit rows (``results/language_rule_fit.json``; ``--reuse-fit`` reads them back
+instead of measuring), atomically. Reads the score through a wrapper of ``ood.judge`` (a
+measurement tool: the engine's path is unchanged). About 25 minutes on 2 cores.
 
-    python scripts/fit_language_rule.py
+    python scripts/fit_language_rule.py [--reuse-fit]
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FIT = ("degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b")
-CHOOSE = ("degradation_heldout", "degradation_heldout_2026-12-04")
+FIT = ("degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b", "degradation_heldout_2026-12-04b")
+CHOOSE = ("degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04c")
+FIT_ROWS = REPO / "results" / "language_rule_fit.json"
 MIN_SHARE = 0.9
+MIN_TOKENS = 128  # 8 prompts of 16 tokens: the fewest a script's spared part is pooled over
 COVERAGES = (0.5, 0.7, 0.8, 0.9)
 MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 MAX_ODD_EXCUSED = 0.01
@@ -46,60 +50,22 @@ def _items(split: str) -> list[dict]:
     return [json.loads(line) for line in (REPO / "fixtures" / split / "prompts.jsonl").open()]
 
 
-def measure_damage(split: str, n_tokens: int = DAMAGE_TOKENS) -> dict[str, dict]:
-    """Per language (and "en"), pruning's damage at the engine's default configuration on the
-    split's plain requests, pooled over tokens: the shape of a report's ``languages_damage``."""
-    from reference_engine import Engine
-    from rsp_bench.degradation_report import damage
-
-    engine = _engine(Engine)
-    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
-    plain = [x for x in _items(split) if x["group"] in ("plain_language", "plain_en")]
-    for i, x in enumerate(plain):
-        d = damage(engine, x["text"], n_tokens)
-        a = acc["en" if x["group"] == "plain_en" else x["lang"]]
-        a[0] += d["top1_hits"]
-        a[1] += d["tokens"]
-        a[2] += d["kl_mean"] * d["tokens"]
-        print(f"\rdamage {split}: {i + 1}/{len(plain)}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    return {lang: {"top1": h / n, "tokens": n, "kl_mean": kl / n} for lang, (h, n, kl) in acc.items()}
-
-
 _ENGINE: list = []
 
 
-def _engine(cls):
+def _engine():
     if not _ENGINE:
-        _ENGINE.append(cls.load())
+        from reference_engine import Engine
+
+        _ENGINE.append(Engine.load())
     return _ENGINE[0]
 
 
-def fit_scripts(from_reports: bool = False) -> tuple[list[str], dict]:
-    from reference_engine.degradation.language_rule import dominant_script
-
-    pooled: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])  # top-1 hits, tokens, KL sum
-    en = [0.0, 0, 0.0]
-    for split in FIT:
-        script_of = {x["lang"]: dominant_script(x["text"])[0] for x in _items(split) if x["group"] == "plain_language"}
-        damage = (json.loads((REPO / "results" / f"{split}.json").read_text())["languages_damage"] if from_reports
-                  else measure_damage(split))
-        for lang, v in damage.items():
-            acc = en if lang == "en" else pooled[script_of[lang]]
-            acc[0] += v["top1"] * v["tokens"]
-            acc[1] += v["tokens"]
-            acc[2] += v["kl_mean"] * v["tokens"]
-    en_top1, en_kl = en[0] / en[1], en[2] / en[1]
-    table = {s: {"top1": round(h / n, 4), "kl_mean": round(kl / n, 4), "tokens": n} for s, (h, n, kl) in pooled.items()}
-    spared = sorted(s for s, v in table.items()
-                    if v["tokens"] >= 256 and v["top1"] >= en_top1 - 0.01 and v["kl_mean"] <= 1.5 * en_kl)
-    return spared, {"english": {"top1": round(en_top1, 4), "kl_mean": round(en_kl, 4), "tokens": en[1]},
-                    "scripts": dict(sorted(table.items()))}
-
-
-def score_items(spared: list[str]) -> list[dict]:
-    from reference_engine import Engine, PruningConfig, ood
-    from reference_engine.degradation.language_rule import dominant_script
+def read_prompt(text: str) -> dict:
+    """What the engine's check sees of one prompt, the language rule left out: the score of the
+    whole, its threshold, the whole's mean loss (nats per scored token), the request words' share
+    of the content, and the reason it would degrade for (None: pruned)."""
+    from reference_engine import PruningConfig, ood
 
     seen: dict = {}
     judge = ood.judge
@@ -107,7 +73,8 @@ def score_items(spared: list[str]) -> list[dict]:
     def reading_judge(det, w, hidden, row, offset, ids, lo, hi, *args, **kwargs):
         whole = ood.prompt_stats(w, hidden, row, offset, ids, lo, hi, args[0], args[2] if len(args) > 2 else frozenset(),
                                  args[4] if len(args) > 4 else kwargs.get("scored"))
-        seen.update(score=float(det.score(whole)), threshold=float(det.threshold))
+        seen.update(score=float(det.score(whole)), threshold=float(det.threshold),
+                    loss=float(whole.nll.mean()) if whole.nll.size else 0.0)
         tokens = args[3] if len(args) > 3 else kwargs.get("request_tokens")
         words = tokens() if tokens is not None else None
         seen["coverage"] = (len([i for i in words if max(lo, 1) <= i < hi]) / max(1, hi - max(lo, 1))
@@ -117,31 +84,88 @@ def score_items(spared: list[str]) -> list[dict]:
 
     ood.judge = reading_judge
     try:
-        engine = _engine(Engine)
         cfg = PruningConfig(mode="lossy", sensitivity=0.5, hardware_watermark=0.0)
-        rows = []
-        for split in CHOOSE:
-            for x in _items(split):
-                script, share = dominant_script(x["text"])
-                if x["group"] == "payload_alone" or script not in spared or share < MIN_SHARE:
-                    continue
-                seen.clear()
-                (res,) = engine.generate([x["text"]], max_new_tokens=1, config=cfg)
-                rows.append({"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"],
-                             "reason": res.stats["degraded_reason"], **seen})
-        return rows
+        (res,) = _engine().generate([text], max_new_tokens=1, config=cfg)
     finally:
         ood.judge = judge
+    return {"loss": None, "score": None, "threshold": None, "coverage": 0.0, **seen,
+            "reason": res.stats["degraded_reason"]}
 
 
-def choose(rows: list[dict]) -> tuple[float, float, dict]:
-    by_score = [r for r in rows if r["reason"] == "ood_score"]
+def measure_fit_rows() -> list[dict]:
+    """Per plain request of the fit splits: its language and script, pruning's damage at the
+    default configuration and the model's mean loss on it."""
+    from reference_engine.degradation.language_rule import dominant_script
+    from rsp_bench.degradation_report import damage
+
+    rows = []
+    for split in FIT:
+        plain = [x for x in _items(split) if x["group"] in ("plain_language", "plain_en")]
+        for i, x in enumerate(plain):
+            d = damage(_engine(), x["text"], DAMAGE_TOKENS)
+            script, share = dominant_script(x["text"])
+            rows.append({"split": split, "id": x["id"], "lang": "en" if x["group"] == "plain_en" else x["lang"],
+                         "script": script, "share": round(share, 4), "loss": read_prompt(x["text"])["loss"],
+                         "tokens": d["tokens"], "top1_hits": d["top1_hits"], "kl_mean": d["kl_mean"]})
+            print(f"\rfit {split}: {i + 1}/{len(plain)}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+    return rows
+
+
+def _pool(rows: list[dict]) -> dict:
+    n = sum(r["tokens"] for r in rows)
+    return {"top1": sum(r["top1_hits"] for r in rows) / max(n, 1),
+            "kl_mean": sum(r["kl_mean"] * r["tokens"] for r in rows) / max(n, 1), "tokens": n, "prompts": len(rows)}
+
+
+def fit_cuts(rows: list[dict]) -> tuple[dict[str, float], dict]:
+    """Per script, the lowest loss whose plain requests at or above it are, pooled, hurt no more
+    than English's (``min_loss``), and the evidence."""
+    en = _pool([r for r in rows if r["lang"] == "en"])
+    top1_min, kl_max = en["top1"] - 0.01, 1.5 * en["kl_mean"]
+    cuts, table = {}, {}
+    scripts = sorted({r["script"] for r in rows if r["lang"] != "en" and r["script"]})
+    for script in scripts:
+        mine = sorted((r for r in rows if r["lang"] != "en" and r["script"] == script and r["share"] >= MIN_SHARE
+                       and r["loss"] is not None), key=lambda r: -r["loss"])
+        table[script] = {"all": {k: round(v, 4) for k, v in _pool(mine).items()}}
+        for k in range(len(mine), 0, -1):  # the most prompts first: the lowest cut that holds
+            part = _pool(mine[:k])
+            if part["tokens"] >= MIN_TOKENS and part["top1"] >= top1_min and part["kl_mean"] <= kl_max:
+                cuts[script] = round(mine[k - 1]["loss"], 4)
+                table[script]["spared"] = {**{q: round(v, 4) for q, v in part.items()}, "min_loss": cuts[script]}
+                break
+    return cuts, {"english": {k: round(v, 4) for k, v in en.items()},
+                  "criterion": f"pooled top-1 >= {top1_min:.4f} and KL <= {kl_max:.4f} over >= {MIN_TOKENS} tokens",
+                  "scripts": table}
+
+
+def score_items(cuts: dict[str, float]) -> list[dict]:
+    from reference_engine.degradation.language_rule import dominant_script
+
+    rows = []
+    for split in CHOOSE:
+        items = [x for x in _items(split) if x["group"] != "payload_alone"]
+        for i, x in enumerate(items):
+            script, share = dominant_script(x["text"])
+            row = {"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"]}
+            if script in cuts and share >= MIN_SHARE:
+                row.update(read_prompt(x["text"]))
+            rows.append(row)
+            print(f"\rchoose {split}: {i + 1}/{len(items)}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+    return rows
+
+
+def choose(rows: list[dict], cuts: dict[str, float]) -> tuple[float, float, dict]:
+    by_score = [r for r in rows if r.get("reason") == "ood_score"]
     n_odd = sum(1 for r in rows if r["group"] == "odd")
     grid = {}
     for c in COVERAGES:
         for m in MARGINS:
             counts = {g: sum(1 for r in by_score if r["group"] == g and r["coverage"] >= c
-                             and r["score"] <= r["threshold"] + m) for g in ("plain_language", "data_request", "odd")}
+                             and r["score"] <= r["threshold"] + m and r["loss"] >= cuts[_script(r)])
+                      for g in ("plain_language", "data_request", "odd")}
             grid[f"coverage={c},margin={m}"] = counts
     ok = [(counts["plain_language"], c, -m) for c in COVERAGES for m in MARGINS
           if (counts := grid[f"coverage={c},margin={m}"])["odd"] <= MAX_ODD_EXCUSED * n_odd]
@@ -153,39 +177,54 @@ def choose(rows: list[dict]) -> tuple[float, float, dict]:
     return c, -neg_m, summary
 
 
+def _script(row: dict) -> str:
+    from reference_engine.degradation.language_rule import dominant_script
+
+    if "script" not in row:
+        text = {x["id"]: x["text"] for x in _items(row["split"])}[row["id"]]
+        row["script"] = dominant_script(text)[0]
+    return row["script"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="rule file (default: the packaged one for the embedded weights)")
-    p.add_argument("--from-reports", action="store_true",
-                   help="take the fit splits' damage from their committed reports (results/<split>.json, measured "
-                        "with the default configuration of their day) instead of measuring it now")
+    p.add_argument("--reuse-fit", action="store_true",
+                   help=f"read the fit rows from {FIT_ROWS.relative_to(REPO)} instead of measuring them")
     a = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
+    from reference_engine.config import PruningConfig
     from reference_engine.degradation import language_rule
     from reference_engine.engine import weights_digest
     from reference_engine.model_loading import resolve_model
     from rsp_bench.storage import atomic_write_text
 
-    from reference_engine.config import PruningConfig
-
-    spared, table = fit_scripts(a.from_reports)
     default = PruningConfig()
-    table["measured_with"] = ("the fit splits' committed reports" if a.from_reports else
-                              {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity,
-                               "damage_tokens": DAMAGE_TOKENS})
-    print(f"spared scripts (fitted on {', '.join(FIT)}): {spared}", file=sys.stderr)
-    rows = score_items(spared)
-    c, m, summary = choose(rows)
+    if a.reuse_fit:
+        fit_rows = json.loads(FIT_ROWS.read_text())["rows"]
+    else:
+        fit_rows = measure_fit_rows()
+        atomic_write_text(FIT_ROWS, json.dumps({
+            "what": "per plain request of the language rule's fit splits: pruning's damage at the default and the mean loss",
+            "command": "python scripts/fit_language_rule.py", "splits": list(FIT), "damage_tokens": DAMAGE_TOKENS,
+            "config": {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity},
+            "rows": fit_rows}, indent=1) + "\n")
+    cuts, table = fit_cuts(fit_rows)
+    table["measured_with"] = {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity,
+                              "damage_tokens": DAMAGE_TOKENS}
+    print(f"spared (script: lowest loss, fitted on {', '.join(FIT)}): {cuts}", file=sys.stderr)
+    rows = score_items(cuts)
+    c, m, summary = choose(rows, cuts)
     print(f"chosen on {', '.join(CHOOSE)}: coverage {c}, margin {m}; {summary['grid'][f'coverage={c},margin={m}']}",
           file=sys.stderr)
     sha = weights_digest(resolve_model(None)[1])
     out = a.out or language_rule.rule_path(REPO / "reference_engine" / "data", sha)
-    doc = {"version": language_rule.VERSION, "weights_sha256": sha, "scripts": spared, "min_share": MIN_SHARE,
+    doc = {"version": language_rule.VERSION, "weights_sha256": sha, "min_loss": cuts, "min_share": MIN_SHARE,
            "min_coverage": c, "margin": m,
-           "info": {"command": "python scripts/fit_language_rule.py" + (" --from-reports" if a.from_reports else ""),
-                    "fitted_on": list(FIT), "chosen_on": list(CHOOSE),
-                    "rule": "spared: pooled top-1 >= English's - 0.01 and KL <= 1.5x English's over >= 256 tokens; "
-                            f"chosen: most plain_language excused with odd excused <= {MAX_ODD_EXCUSED:.0%}",
+           "info": {"command": "python scripts/fit_language_rule.py", "fitted_on": list(FIT), "chosen_on": list(CHOOSE),
+                    "rule": f"spared: per script, the lowest mean prompt loss whose plain requests at or above it are, "
+                            f"pooled, {table['criterion']}; chosen: most plain_language excused with odd excused "
+                            f"<= {MAX_ODD_EXCUSED:.0%}",
                     "damage": table, "choice": summary}}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")

@@ -4,12 +4,13 @@ prompts get a margin, and that a missing, damaged or foreign rule file gives non
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from reference_engine.degradation import language_rule as lr
 
-RULE = lr.LanguageRule(frozenset({"Latin"}), min_share=0.9, min_coverage=0.9, margin=1.0, info={})
+RULE = lr.LanguageRule({"Latin": 5.0, "Greek": 0.0}, min_share=0.9, min_coverage=0.9, margin=1.0, info={})
 
 
 @pytest.mark.parametrize("text, script, share", [
@@ -22,14 +23,17 @@ def test_dominant_script(text, script, share):
     assert lr.dominant_script(text) == (script, pytest.approx(share))
 
 
-@pytest.mark.parametrize("text, margin", [
-    ("Miten voin vaihtaa salasanani?", 1.0),  # Finnish: Latin, spared
-    ("Как мне сменить пароль?", 0.0),  # Cyrillic: not in the spared set
-    ("Wie heißt das auf Russisch: пароль, логин, сервер, ключ", 0.0),  # Latin under 90% of the letters
-    ("", 0.0),
+@pytest.mark.parametrize("text, loss, margin", [
+    ("Miten voin vaihtaa salasanani?", 5.5, 1.0),  # Latin at a loss above its cut: spared
+    ("Miten voin vaihtaa salasanani?", 5.0, 1.0),  # at the cut itself
+    ("Miten voin vaihtaa salasanani?", 4.9, 0.0),  # Latin the model reads well: pruning hurts it more
+    ("Πώς αλλάζω τον κωδικό μου;", 0.1, 1.0),  # a script spared whole (cut 0)
+    ("Как мне сменить пароль?", 9.0, 0.0),  # Cyrillic: not in the spared set at any loss
+    ("Wie heißt das auf Russisch: пароль, логин, сервер, ключ", 9.0, 0.0),  # Latin under 90% of the letters
+    ("", 9.0, 0.0),
 ])
-def test_margin_for(text, margin):
-    assert RULE.margin_for(text) == margin
+def test_margin_for(text, loss, margin):
+    assert RULE.margin_for(text, loss) == margin
 
 
 def test_load_refuses_missing_damaged_and_foreign_files(tmp_path):
@@ -39,16 +43,18 @@ def test_load_refuses_missing_damaged_and_foreign_files(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     assert lr.load(path, sha) is None  # damaged
-    good = {"version": lr.VERSION, "weights_sha256": sha, "scripts": ["Latin"], "min_share": 0.9,
+    good = {"version": lr.VERSION, "weights_sha256": sha, "min_loss": {"Latin": 5.25}, "min_share": 0.9,
             "min_coverage": 0.9, "margin": 1.0, "info": {"fitted_on": ["x"]}}
     path.write_text(json.dumps(good))
     rule = lr.load(path, sha)
-    assert rule is not None and rule.scripts == {"Latin"} and rule.margin == 1.0
+    assert rule is not None and rule.scripts == {"Latin"} and rule.min_loss == {"Latin": 5.25} and rule.margin == 1.0
     assert lr.load(path, "cd" * 32) is None  # other weights
     path.write_text(json.dumps({**good, "version": lr.VERSION + 1}))
     assert lr.load(path, sha) is None  # other version
     path.write_text(json.dumps({**good, "margin": None}))
     assert lr.load(path, sha) is None  # a field of the wrong type
+    path.write_text(json.dumps({**good, "min_loss": ["Latin"]}))
+    assert lr.load(path, sha) is None  # version 1's list of scripts under version 2's field
 
 
 def test_the_packaged_rule_loads_for_the_embedded_weights():
@@ -66,7 +72,7 @@ def test_the_packaged_rule_loads_for_the_embedded_weights():
     info = rule.info
     assert set(info["fitted_on"]).isdisjoint(info["chosen_on"])
     used = set(info["fitted_on"]) | set(info["chosen_on"])
-    assert not used & {"degradation_heldout_2026-12-04b", "degradation_heldout_2026-12-04c"}  # the report splits
+    assert "degradation_heldout_2026-12-04d" not in used  # the report split
 
 
 class _FixedScore:
@@ -105,7 +111,10 @@ def test_judge_applies_the_margin_only_to_covered_prompts(tiny_engine, over, mar
     prefill(eng.weights, cache, torch.tensor([ids]), torch.arange(len(ids))[None], torch.ones(1, len(ids), dtype=torch.bool),
             hidden_out=hidden)
     n_words = int(round(covered * (hi - lo)))
+    seen: list[float] = []
     reason = ood.judge(_FixedScore(over), eng.weights, hidden, 0, 0, ids, lo, hi, 60, eng._pieces, frozenset(),
                        lambda: list(range(lo, lo + n_words)), None,
-                       (lambda: margin), 0.9)
+                       (lambda loss: seen.append(loss) or margin), 0.9)
     assert reason == expected
+    # the rule is asked with the whole prompt's mean loss (nats), which its cut is compared with
+    assert all(math.isfinite(x) and x > 0 for x in seen)
