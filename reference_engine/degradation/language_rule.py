@@ -5,10 +5,11 @@ The model-level score (``reference_engine.ood``) reads an ordinary request in a 
 knows less well as odd, as it reads shuffled words or a cipher as odd. Degrading is protection
 only where pruning does more damage than on English. Measured per language (12-04c report, unit
 router at 0.5), that damage runs *against* unfamiliarity: a language's mean prompt loss and
-pruning's KL there have Spearman -0.66 over 45 languages; the languages the model barely reads
-(Swahili, Welsh, Estonian, Basque: loss 5.6-6.1 nats) lose less than English does (KL 0.27-0.29
-against 0.31), the ones it reads well (German, French, Russian, Japanese) two to five times more.
-So the score degraded exactly the languages pruning spares, and left the ones it hurts.
+pruning's KL there have Spearman -0.66 over 46 languages, English included
+(scripts/language_loss_damage.py). The languages the model barely reads (Swahili, Welsh, Estonian,
+Basque: loss 5.6-6.1 nats) lose less than English does (KL 0.27-0.29 against 0.31), the ones it
+reads well (German, French, Russian, Japanese) two to five times more. So the score, which fires
+on unfamiliar text, degraded mostly languages pruning spares and left most of those it hurts.
 
 Version 2 keys the damage on both: per script, the prompts' mean loss (the score's own per-token
 loss, already computed) from the highest down. For each script the damage of pruning at the
