@@ -27,35 +27,23 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import router_features as rf  # noqa: E402
 import router_oracle as ro  # noqa: E402
 
 from reference_engine import unit_predictor as up  # noqa: E402
-from reference_engine.isolated_bypass import forward_unit_alone, forward_units_per_position  # noqa: E402
-from reference_engine.model import forward_units, rms_norm  # noqa: E402
+from reference_engine.isolated_bypass import forward_units_per_position  # noqa: E402
+from reference_engine.model import forward_units  # noqa: E402
 from rsp_bench import metrics  # noqa: E402
 
 
 def label(engine, w, maps, eligible, pred, ids, cont):
     """Per-token arrays of one sequence: isolated KL [U, n], packaged score [U, n], clean top-1
-    margin (log-prob gap) [n], the block-1 stream [n, D]."""
-    seq = torch.tensor([ids + cont])
-    S, T = len(ids), seq.shape[1]
-    rec: dict = {}
-    clean = forward_units(w, seq, S, record=rec)
-    n = T - 1 - S
-    U = 2 * engine.dims.n_layers
-    ref_logp = torch.log_softmax(clean[1:].double(), -1)
-    kl = np.zeros((U, n))
-    score = np.zeros((U, n))
-    for u in range(U):
-        key = "x_attn" if u % 2 == 0 else "x_mlp"
-        score[u] = np.exp(pred.log_scores(rec[key][u // 2][S:T - 1].numpy(), u))
-        if eligible[u]:
-            kl[u] = up._kl_rows(ref_logp, forward_unit_alone(w, rec, S, u, maps[u])[1:])
-    top2 = ref_logp.topk(2, -1).values
+    margin (log-prob gap) [n], the block-1 stream [n, D] (router_features.sample's labels)."""
+    seq, S, T, n, clean, kl, xs, prev = rf.sample(engine, w, maps, eligible, ids, cont)
+    score = np.stack([np.exp(pred.log_scores(xs[u], u)) for u in range(len(xs))])
+    top2 = torch.log_softmax(clean[1:].double(), -1).topk(2, -1).values
     margin = (top2[:, 0] - top2[:, 1]).numpy()
-    h1 = rec["h"][1][S:T - 1]
-    h1 = (h1 / h1.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()).numpy()
+    h1 = prev[:, engine.dims.hidden:]
     return {"ids": seq[0].numpy(), "S": S, "kl": kl, "score": score, "margin": margin, "h1": h1}
 
 
