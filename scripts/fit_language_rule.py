@@ -148,7 +148,7 @@ def score_items(cuts: dict[str, float]) -> list[dict]:
         items = [x for x in _items(split) if x["group"] != "payload_alone"]
         for i, x in enumerate(items):
             script, share = dominant_script(x["text"])
-            row = {"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"]}
+            row = {"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"], "script": script}
             if script in cuts and share >= MIN_SHARE:
                 row.update(read_prompt(x["text"]))
             rows.append(row)
@@ -164,7 +164,7 @@ def choose(rows: list[dict], cuts: dict[str, float]) -> tuple[float, float, dict
     for c in COVERAGES:
         for m in MARGINS:
             counts = {g: sum(1 for r in by_score if r["group"] == g and r["coverage"] >= c
-                             and r["score"] <= r["threshold"] + m and r["loss"] >= cuts[_script(r)])
+                             and r["score"] <= r["threshold"] + m and r["loss"] >= cuts[r["script"]])
                       for g in ("plain_language", "data_request", "odd")}
             grid[f"coverage={c},margin={m}"] = counts
     ok = [(counts["plain_language"], c, -m) for c in COVERAGES for m in MARGINS
@@ -175,15 +175,6 @@ def choose(rows: list[dict], cuts: dict[str, float]) -> tuple[float, float, dict
                                      for g in ("plain_language", "plain_en", "data_request", "odd")},
                "grid": grid}
     return c, -neg_m, summary
-
-
-def _script(row: dict) -> str:
-    from reference_engine.degradation.language_rule import dominant_script
-
-    if "script" not in row:
-        text = {x["id"]: x["text"] for x in _items(row["split"])}[row["id"]]
-        row["script"] = dominant_script(text)[0]
-    return row["script"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -449,3 +449,25 @@ def test_repeated_share_counts_only_runs_of_plain_words():
     # a bracket or a digit every few words ends each stretch: nothing counts
     broken = " ".join(f"{w} [{i}]" if i % 4 == 3 else w for i, w in enumerate(((_PARAGRAPH + " ") * 2).split()))
     assert repeated_share(broken, 8, 24) == 0.0
+
+
+def test_repeated_passage_counts_on_the_development_text():
+    """The figures docs/degradation.md quotes for the rule's choice: on the text of the six
+    development splits it was chosen on and the normal corpus, at the packaged thresholds, 47
+    odd items fire and no normal, data-request, payload or other-language item does."""
+    import json
+    from pathlib import Path
+
+    from reference_engine.degradation.text_rules import repeated_share
+
+    root = Path(__file__).resolve().parents[1] / "fixtures"
+    chosen_on = ("degradation_heldout", "degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b",
+                 "degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04b", "degradation_heldout_2026-12-04c")
+    rows = [(x["group"], x["text"]) for split in chosen_on
+            for x in map(json.loads, (root / split / "prompts.jsonl").read_text(encoding="utf-8").splitlines())]
+    for f in ("normal_corpus/calibration.jsonl", "normal_corpus/heldout.jsonl", "prompts/equivalence.jsonl"):
+        rows += [("normal", json.loads(line)["text"]) for line in (root / f).read_text(encoding="utf-8").splitlines()]
+    t = TextThresholds()
+    fired = Counter(g for g, text in rows if repeated_share(text, t.repeat_ngram, t.repeat_min_words) >= t.repeat_share)
+    assert len(rows) == 4565
+    assert fired == Counter({"odd": 47}), fired
