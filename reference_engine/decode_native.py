@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "rsp_decode.c"
-ABI_VERSION = 4
+ABI_VERSION = 5
 BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
 OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 
@@ -208,7 +208,7 @@ def load_library() -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.rsp_entropy.restype = ctypes.c_int
-    lib.rsp_entropy.argtypes = [ctypes.c_void_p, _i64, _i64, ctypes.c_void_p]
+    lib.rsp_entropy.argtypes = [ctypes.c_void_p, _i64, _i64, ctypes.c_void_p, ctypes.c_void_p]
     lib.rsp_gemv.restype = ctypes.c_int
     lib.rsp_gemv.argtypes = [ctypes.c_void_p, _i64, _i64, ctypes.c_void_p, _i64, ctypes.c_void_p, ctypes.c_int]
     _LIB = lib
@@ -413,14 +413,21 @@ def gemv(weight: torch.Tensor, x: torch.Tensor, threads: int | None = None) -> t
 def entropy(logits: torch.Tensor):
     """Next-token entropy in nats [B] (numpy float64) of logits [B, V], computed as the in-step router
     computes it (tests compare it with numpy)."""
+    return entropy_and_lse(logits)[0]
+
+
+def entropy_and_lse(logits: torch.Tensor):
+    """(entropy, log-sum-exp), each [B] numpy float64, of logits [B, V] from one pass over them (the
+    degradation check's loss is the log-sum-exp minus the target's logit; torch's logsumexp took
+    twice this whole call in the check)."""
     import numpy as np
 
     lib = load_library()
     z = logits.reshape(-1, logits.shape[-1]).contiguous()
-    out = np.zeros(z.shape[0])
-    if lib.rsp_entropy(_check(z, "logits"), z.shape[0], z.shape[1], out.ctypes.data) != 0:
+    out, lse = np.zeros(z.shape[0]), np.zeros(z.shape[0])
+    if lib.rsp_entropy(_check(z, "logits"), z.shape[0], z.shape[1], out.ctypes.data, lse.ctypes.data) != 0:
         raise ValueError(f"entropy needs logits [B, V] with B, V >= 1, got {tuple(logits.shape)}")
-    return out
+    return out, lse
 
 
 def _verify_fn(lib: ctypes.CDLL):

@@ -212,3 +212,29 @@ def test_in_c_entropy_equals_numpy(vocab, scale):
     want = -(p * np.log(np.maximum(p, 1e-300))).sum(-1)
     got = decode_native.entropy(z)
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (got, want)
+
+
+@pytest.mark.parametrize("vocab", [1, 17, 392, 49152])
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
+def test_in_c_log_sum_exp_equals_numpy(vocab, scale):
+    """The degradation check's losses come from the same pass as the entropy (ood.loss_and_entropy)."""
+    z = (scale * torch.randn(3, vocab, generator=torch.Generator().manual_seed(vocab + 1))).float()
+    z[2, vocab // 2] += 100.0
+    x = z.double().numpy()
+    want = x.max(-1) + np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1))
+    ent, lse = decode_native.entropy_and_lse(z)
+    assert np.allclose(lse, want, rtol=1e-6, atol=1e-5), (lse, want)
+    assert np.array_equal(ent, decode_native.entropy(z))
+
+
+def test_check_losses_native_match_torch(monkeypatch):
+    """ood.loss_and_entropy gives the same losses and entropies (to 1e-5 nats) on the kernel as in torch."""
+    from reference_engine import ood
+
+    z = (3.0 * torch.randn(5, 1000, generator=torch.Generator().manual_seed(3))).float()
+    targets = [0, 17, 999, 500, 3]
+    nll, ent = ood.loss_and_entropy(z, targets)
+    monkeypatch.setattr(ood, "_native_head_gemv", lambda: None)
+    nll_t, ent_t = ood.loss_and_entropy(z, targets)
+    assert np.allclose(nll, nll_t, atol=1e-5) and np.allclose(ent, ent_t, atol=1e-5)
+    assert ood.loss_and_entropy(z[:0], [])[0].shape == (0,)

@@ -50,7 +50,7 @@ typedef struct {
         *const *w_down;
 } rsp_model;
 
-int rsp_abi_version(void) { return 4; }
+int rsp_abi_version(void) { return 5; }
 
 int rsp_simd_width(void) {
 #if defined(__AVX512F__)
@@ -514,7 +514,7 @@ int rsp_decode_step(const rsp_model *m, float *const *kc, float *const *vc, int6
 #pragma omp barrier
             if (tid == 0 && rc == 0) { /* every row's logits are in */
                 const double te = now_s();
-                entropy_rows(logits, B, V, rs->step_entropy);
+                entropy_rows(logits, B, V, rs->step_entropy, NULL);
                 rs->times[5] += now_s() - te;
                 router_finish(rs, gate_decisions);
             }

@@ -189,7 +189,7 @@ static void entropy_chunk(const float *z, int64_t n, double *out) {
  * H = log S - T / S over RSP_ENT_CHUNKS fixed chunks combined in order (stable for any logits). One
  * thread runs it: ~49k exps at SIMD width take ~15 us, and a split would put a barrier wait (another
  * thread descheduled on a loaded machine) into the router's time. */
-static void entropy_rows(const float *logits, int64_t B, int64_t V, double *out) {
+static void entropy_rows(const float *logits, int64_t B, int64_t V, double *out, double *lse /* NULL: not wanted */) {
     const int64_t C = RSP_ENT_CHUNKS, per = (V + C - 1) / C;
     double p[3 * RSP_ENT_CHUNKS];
     for (int64_t b = 0; b < B; b++) {
@@ -206,13 +206,15 @@ static void entropy_rows(const float *logits, int64_t B, int64_t V, double *out)
             T += w * (p[3 * c + 2] + dm * p[3 * c + 1]);
         }
         out[b] = log(S) - T / S;
+        if (lse) lse[b] = M + log(S);
     }
 }
 
-/* the entropy of logits [B, V] as the router computes it (unit tests against numpy) */
-int rsp_entropy(const float *logits, int64_t B, int64_t V, double *out) {
+/* the entropy of logits [B, V] as the router computes it (unit tests against numpy), and, where
+ * lse is not NULL, each row's log-sum-exp from the same pass (the degradation check's losses) */
+int rsp_entropy(const float *logits, int64_t B, int64_t V, double *out, double *lse) {
     if (B < 1 || V < 1) return -1;
-    entropy_rows(logits, B, V, out);
+    entropy_rows(logits, B, V, out, lse);
     return 0;
 }
 
