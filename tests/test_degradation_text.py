@@ -471,3 +471,43 @@ def test_repeated_passage_counts_on_the_development_text():
     fired = Counter(g for g, text in rows if repeated_share(text, t.repeat_ngram, t.repeat_min_words) >= t.repeat_share)
     assert len(rows) == 4565
     assert fired == Counter({"odd": 47}), fired
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("\n".join("the ferry to the island runs twice a day and the captain waits for the bus".split()), "stacked_words"),
+    ("\n".join("Der Hausmeister fährt jeden Morgen mit dem Roller über den Hof, und der Hund läuft mit.".split()),
+     "stacked_words"),  # punctuation stays on its word
+    # a list of items repeats no word: a vocabulary, names, domains
+    ("\n".join("apple banana cherry date fig grape kiwi lime mango nutmeg olive pear plum".split()), None),
+    # a request around a list is a line of several words
+    ("Which of these words repeat?\n" + "\n".join("red blue red green blue teal red pink gold red navy".split()), None),
+    ("\n".join("too few lines for the rule".split()), None),
+    ("\n".join(f"item{i}" for i in range(20)), None),  # digits: identifiers, not words
+])
+def test_stacked_words(text, reason):
+    assert text_anomaly_reason(text) == reason
+
+
+def test_stacked_words_counts_on_the_development_text():
+    """The figures TextThresholds quotes for the rule's choice: on the seven development splits and
+    the normal corpus, 16 odd items fire and no normal, data-request, payload or other-language
+    item does; without the repeat condition a list of top-level domains in the normal corpus would."""
+    import json
+    from pathlib import Path
+
+    from reference_engine.degradation.text_rules import stacked_words
+
+    root = Path(__file__).resolve().parents[1] / "fixtures"
+    chosen_on = ("degradation_heldout", "degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b",
+                 "degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04b", "degradation_heldout_2026-12-04c",
+                 "degradation_heldout_2026-12-04d")
+    rows = [(x["group"], x["text"]) for split in chosen_on
+            for x in map(json.loads, (root / split / "prompts.jsonl").read_text(encoding="utf-8").splitlines())]
+    for f in ("normal_corpus/calibration.jsonl", "normal_corpus/heldout.jsonl", "prompts/equivalence.jsonl"):
+        rows += [("normal", json.loads(line)["text"]) for line in (root / f).read_text(encoding="utf-8").splitlines()]
+    t = TextThresholds()
+    assert len(rows) == 5267
+    fired = Counter(g for g, text in rows if stacked_words(text, t.stacked_min_lines, t.stacked_repeat_share))
+    assert fired == Counter({"odd": 16}), fired
+    no_repeat = Counter(g for g, text in rows if stacked_words(text, t.stacked_min_lines, 0.0))
+    assert no_repeat == Counter({"odd": 18, "normal": 1}), no_repeat

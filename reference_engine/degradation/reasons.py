@@ -29,6 +29,7 @@ REASONS: tuple[str, ...] = (
     "script_mixing",
     "punctuation_flood",
     "repeated_passage",
+    "stacked_words",
     "special_token_text",
     "prompt_injection",
     "ood_score",

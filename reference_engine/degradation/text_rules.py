@@ -214,6 +214,8 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         yield "punctuation_flood"
     if repeated_share(scanned, t.repeat_ngram, t.repeat_min_words) >= t.repeat_share:
         yield "repeated_passage"
+    if stacked_words(scanned, t.stacked_min_lines, t.stacked_repeat_share):
+        yield "stacked_words"
     injection_res, special_res = t._compiled
     if special_res and any(r.search(scanned) for r in special_res):
         yield "special_token_text"
@@ -261,6 +263,28 @@ def repeated_share(text: str, n: int, min_words: int, min_stretch: int | None = 
         if seen[g] >= 2:
             covered[i:i + n] = b"\x01" * n
     return sum(covered) / n_words
+
+
+_STACKED_LINE_RE = re.compile(r"[\"'“‘(«]?[^\W\d_]+(?:['’-][^\W\d_]+)*[.,;:!?\"'”’)»]*")
+_NOT_WORD_RE = re.compile(r"[^\w'’-]")
+
+
+def stacked_words(text: str, min_lines: int, repeat_share: float) -> bool:
+    """Whether the text is running text set one word per line: at least ``min_lines`` non-empty
+    lines, each a single word (with quotes and trailing punctuation), and at least
+    ``repeat_share`` of the lines repeating an earlier line's word (casefolded)."""
+    if text.count("\n") + 1 < min_lines:
+        return False
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) < min_lines or not all(_STACKED_LINE_RE.fullmatch(line) for line in lines):
+        return False
+    seen: set[str] = set()
+    again = 0
+    for line in lines:
+        word = _NOT_WORD_RE.sub("", line).casefold()
+        again += word in seen
+        seen.add(word)
+    return again >= repeat_share * len(lines)
 
 
 def text_anomaly_reason(text: str, thresholds: TextThresholds = TextThresholds()) -> str | None:
