@@ -451,22 +451,32 @@ def test_repeated_share_counts_only_runs_of_plain_words():
     assert repeated_share(broken, 8, 24) == 0.0
 
 
+# The development splits in the order they were written; a rule is chosen on those before it.
+_SPLITS = ("degradation_heldout", "degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b",
+           "degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04b", "degradation_heldout_2026-12-04c",
+           "degradation_heldout_2026-12-04d")
+
+
+def _development_rows(splits: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(group, text) of the given splits' items and of the normal corpus ("normal")."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "fixtures"
+    rows = [(x["group"], x["text"]) for split in splits
+            for x in map(json.loads, (root / split / "prompts.jsonl").read_text(encoding="utf-8").splitlines())]
+    for f in ("normal_corpus/calibration.jsonl", "normal_corpus/heldout.jsonl", "prompts/equivalence.jsonl"):
+        rows += [("normal", json.loads(line)["text"]) for line in (root / f).read_text(encoding="utf-8").splitlines()]
+    return rows
+
+
 def test_repeated_passage_counts_on_the_development_text():
     """The figures docs/degradation.md quotes for the rule's choice: on the text of the six
     development splits it was chosen on and the normal corpus, at the packaged thresholds, 47
     odd items fire and no normal, data-request, payload or other-language item does."""
-    import json
-    from pathlib import Path
-
     from reference_engine.degradation.text_rules import repeated_share
 
-    root = Path(__file__).resolve().parents[1] / "fixtures"
-    chosen_on = ("degradation_heldout", "degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b",
-                 "degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04b", "degradation_heldout_2026-12-04c")
-    rows = [(x["group"], x["text"]) for split in chosen_on
-            for x in map(json.loads, (root / split / "prompts.jsonl").read_text(encoding="utf-8").splitlines())]
-    for f in ("normal_corpus/calibration.jsonl", "normal_corpus/heldout.jsonl", "prompts/equivalence.jsonl"):
-        rows += [("normal", json.loads(line)["text"]) for line in (root / f).read_text(encoding="utf-8").splitlines()]
+    rows = _development_rows(_SPLITS[:6])
     t = TextThresholds()
     fired = Counter(g for g, text in rows if repeated_share(text, t.repeat_ngram, t.repeat_min_words) >= t.repeat_share)
     assert len(rows) == 4565
@@ -492,19 +502,9 @@ def test_stacked_words_counts_on_the_development_text():
     """The figures TextThresholds quotes for the rule's choice: on the seven development splits and
     the normal corpus, 16 odd items fire and no normal, data-request, payload or other-language
     item does; without the repeat condition a list of top-level domains in the normal corpus would."""
-    import json
-    from pathlib import Path
-
     from reference_engine.degradation.text_rules import stacked_words
 
-    root = Path(__file__).resolve().parents[1] / "fixtures"
-    chosen_on = ("degradation_heldout", "degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b",
-                 "degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04b", "degradation_heldout_2026-12-04c",
-                 "degradation_heldout_2026-12-04d")
-    rows = [(x["group"], x["text"]) for split in chosen_on
-            for x in map(json.loads, (root / split / "prompts.jsonl").read_text(encoding="utf-8").splitlines())]
-    for f in ("normal_corpus/calibration.jsonl", "normal_corpus/heldout.jsonl", "prompts/equivalence.jsonl"):
-        rows += [("normal", json.loads(line)["text"]) for line in (root / f).read_text(encoding="utf-8").splitlines()]
+    rows = _development_rows(_SPLITS)
     t = TextThresholds()
     assert len(rows) == 5267
     fired = Counter(g for g, text in rows if stacked_words(text, t.stacked_min_lines, t.stacked_repeat_share))
