@@ -24,8 +24,13 @@ engine's on 5,327 of 5,327 items): the signed fit keeps high_loss, entropy, shor
 distances, zeroes unsure, no_easy, surprise_gap and byte_pieces, and over the eight development
 splits degrades fewer other-language requests (339 against 432 of 1,171) and fewer odd inputs (923
 against 958 of 1,071; on 12-05 94 against 97 of 145); the syllable jumbles stay missed. Neither fit
-has seen such noise among its tuning classes, and the signs do not make up for that: the packaged
-free fit stays.
+has seen such noise among its tuning classes, and the signs do not make up for that. With a ninth
+tuning class of such noise (``--extra-tuning script_syllables``, generated here, not a suite class)
+the threshold chosen for the same false-alarm rate moves up and every group degrades less: odd 884
+(free) and 861 (signed) of 1,071, other languages 287 and 254 of 1,171, data requests 17 and 21 of
+1,364; on 12-05 the odd inputs caught fall to 81 and 76 of 145. On these features the variants lie on
+one trade-off curve; none lifts odd inputs at the packaged false-alarm cost. The packaged free fit
+stays.
 
 Must not be imported by the engine or the harness; it records a design decision.
 """
@@ -36,6 +41,7 @@ import argparse
 import json
 import math
 import pickle
+import random
 import sys
 import time
 from collections import Counter
@@ -60,6 +66,47 @@ BATCH = 8  # prompts per engine call, as rsp-bench degradation batches them
 # +1: higher is odder; 0: sign left to the fit
 SIGNS = {"high_loss": 1, "entropy": 1, "unsure": 1, "no_easy": 1, "surprise_gap": 1, "entropy_spread": 0,
          "short_tokens": 1, "byte_pieces": 1}
+
+
+# Letters of one script each, as ordinary text in that script is written (consonant + vowel sign
+# for the abugidas, whole syllable blocks for Hangul); the normal corpus holds plain text in each.
+_SCRIPT_SYLLABLES: dict[str, tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]] = {
+    "hangul": (((0xAC00, 0xD7A3),), ()),
+    "devanagari": (((0x915, 0x939),), ((0x93E, 0x94C),)),
+    "bengali": (((0x995, 0x9B9),), ((0x9BE, 0x9CC),)),
+    "thai": (((0xE01, 0xE2E),), ((0xE31, 0xE39),)),
+    "cyrillic": (((0x430, 0x44F),), ()),
+    "greek": (((0x3B1, 0x3C9),), ()),
+    "arabic": (((0x628, 0x64A),), ()),
+    "hebrew": (((0x5D0, 0x5EA),), ()),
+    "georgian": (((0x10D0, 0x10F0),), ()),
+    "armenian": (((0x561, 0x586),), ()),
+    "kana": (((0x3041, 0x3093), (0x30A1, 0x30F3)), ()),
+    "tamil": (((0xB95, 0xBB9),), ((0xBBE, 0xBCC),)),
+}
+
+
+def script_syllables(rng: random.Random) -> str:
+    """Random letters or syllables of one script (Hangul, Devanagari, Cyrillic, Arabic, ...) in
+    word-sized groups with the odd full stop: the script's characters, none of its words."""
+    base, signs = _SCRIPT_SYLLABLES[rng.choice(sorted(_SCRIPT_SYLLABLES))]
+    words = []
+    for _ in range(rng.randint(8, 50)):
+        word = ""
+        for _ in range(rng.randint(1, 4 if not signs else 3) * (1 if base[0][0] >= 0x3000 else 2)):
+            lo, hi = rng.choice(base)
+            word += chr(rng.randint(lo, hi))
+            if signs and rng.random() < 0.6:
+                word += chr(rng.randint(*signs[0]))
+        words.append(word + ("." if rng.random() < 0.1 else ""))
+    return " ".join(words)
+
+
+EXTRA_CLASSES = {"script_syllables": script_syllables}  # generated here, not in the suite's classes
+
+
+def _make_extra(name: str, seed: int) -> str:
+    return EXTRA_CLASSES[name](random.Random(f"{name}:{seed}"))
 
 
 def _corpus(part: str) -> list[str]:
@@ -217,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-far", type=float, default=ood.DEFAULT_TARGET_FAR)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "ood_design_dev.json")
     ap.add_argument("--limit", type=int, default=None, help="first N items of each file (a smoke run)")
+    ap.add_argument("--extra-tuning", nargs="*", default=[], choices=sorted(EXTRA_CLASSES), metavar="CLASS",
+                    help="generated classes added to the fit's odd side in two more variants")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     torch.set_grad_enabled(False)
@@ -233,6 +282,14 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"packaged": det}
     for name, signed in (("free", False), ("signed", True)):
         variants[name] = refit(det, data["calib"], data["odd_fit"], data["held"], args.target_far, signed)
+    if args.extra_tuning:
+        # more generated classes on the odd side of the fit (seeds 0-15, as the tuning classes)
+        extra = ood.collect(engine.weights, engine.encode,
+                            [_make_extra(n, s) for n in args.extra_tuning for s in range(16)], engine._byte_ids())
+        tag = "+" + "+".join(args.extra_tuning)
+        for name, signed in (("free", False), ("signed", True)):
+            variants[name + tag] = refit(det, data["calib"], data["odd_fit"] + extra, data["held"], args.target_far,
+                                         signed)
     res = {"what": __doc__.split("\n")[0], "command": "python scripts/ood_design.py " + " ".join(argv or sys.argv[1:]),
            "offline_equals_engine": [agree, len(items)], "variants": {}}
     for name, d in variants.items():
