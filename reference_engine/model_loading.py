@@ -85,12 +85,28 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, Path]:
     return path.name, path
 
 
+def _conversion_done(target: Path) -> bool:
+    return (target / "model.safetensors").is_file() and (target / "config.json").is_file()
+
+
 def _cached_conversion(gguf: Path) -> Path:
+    """The cached conversion of ``gguf``, converting it first when missing. Processes that start
+    together on a cold cache (``rsp-bench ab``'s two workers) convert one at a time under a lock
+    file: without it the second one's rename deleted the folder the first was loading from."""
     digest = file_digest(gguf)[:16]
     target = cache_root() / "models" / f"{gguf.stem}-{digest}"
-    if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
+    if _conversion_done(target):
         return target
-    _convert_gguf(gguf, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        except ImportError:  # no flock (Windows): convert unlocked, as before
+            pass
+        if not _conversion_done(target):
+            _convert_gguf(gguf, target)
     return target
 
 
