@@ -368,6 +368,18 @@ def fit_ridge(x: np.ndarray, y: np.ndarray, lam_rel: float) -> tuple[np.ndarray,
     return wv.astype(np.float32), float(ym - xm @ wv)
 
 
+def choose_ridge(x_fit: np.ndarray, y_fit: np.ndarray, x_held: np.ndarray, y_held: np.ndarray
+                 ) -> tuple[float, np.ndarray, float]:
+    """(strength, weights, bias) of the ridge in ``RIDGE_GRID`` with the lowest held-out squared error."""
+    best = None
+    for lam in RIDGE_GRID:
+        wv, b = fit_ridge(x_fit, y_fit, lam)
+        err = float(np.mean((x_held @ wv + b - y_held) ** 2))
+        if best is None or err < best[0]:
+            best = (err, lam, wv, b)
+    return best[1], best[2], best[3]
+
+
 def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | None, weights_sha256: str,
           progress: Callable[[str], None] | None = None, prompts: tuple[str, ...] = TRAIN_PROMPTS,
           continuation_tokens: int = CONTINUATION_TOKENS, kernel: str = "torch") -> UnitPredictor:
@@ -398,13 +410,8 @@ def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | Non
     pred_held = np.zeros((2 * L, int(held_rows.sum())))
     chosen = []
     for u in range(2 * L):
-        best = None
-        for lam in RIDGE_GRID:  # ridge strength chosen on the held-out part, per unit
-            wv, b = fit_ridge(samples.x[u][fit_rows], target[u][fit_rows], lam)
-            err = float(np.mean((samples.x[u][held_rows] @ wv + b - target[u][held_rows]) ** 2))
-            if best is None or err < best[0]:
-                best = (err, lam, wv, b)
-        _, lam, wv, b = best
+        lam, wv, b = choose_ridge(samples.x[u][fit_rows], target[u][fit_rows], samples.x[u][held_rows],
+                                  target[u][held_rows])
         chosen.append(lam)
         weight[u], bias[u] = wv, b
         pred_held[u] = samples.x[u][held_rows] @ wv + b

@@ -44,15 +44,10 @@ def fit_units(parts: list[tuple[list[np.ndarray], np.ndarray]], units: np.ndarra
         yf = np.concatenate([y[u] for i, (_, y) in enumerate(parts) if i not in held])
         xh = np.concatenate([x[u] for i, (x, _) in enumerate(parts) if i in held])
         yh = np.concatenate([y[u] for i, (_, y) in enumerate(parts) if i in held])
-        best = None
-        for lam in up.RIDGE_GRID:
-            wv, b = up.fit_ridge(xf, yf, lam)
-            err = float(np.mean((xh @ wv + b - yh) ** 2))
-            if best is None or err < best[0]:
-                best = (err, lam)
+        lam, _, _ = up.choose_ridge(xf, yf, xh, yh)
         # refit on the whole draw at the chosen strength: every prompt of the size counts
         out[int(u)] = up.fit_ridge(np.concatenate([x[u] for x, _ in parts]),
-                                   np.concatenate([y[u] for _, y in parts]), best[1])
+                                   np.concatenate([y[u] for _, y in parts]), lam)
     return out
 
 
