@@ -10,7 +10,7 @@ prompt's bytes reach budget x positions ("global"), against the per-position sel
 for the oracle (isolated per-token KL), the packaged predictor and static removal. Per-token
 arrays are cached (``--cache``) so selection rules can be compared without relabelling.
 
-    python scripts/router_allocation.py [--limit N] [--cache /tmp/rc] [--out results/router_allocation_dev.json]
+    python scripts/router_allocation.py [--limit N] [--cache /tmp/rc] [--extra N --labels-only] [--out results/router_allocation_dev.json]
 
 Must not be imported by the engine or the harness; it records a design decision.
 """
@@ -98,6 +98,9 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/rc"))
     ap.add_argument("--labels-only", action="store_true")
+    ap.add_argument("--extra", type=int, default=0,
+                    help="also label the first N plain English requests of the degradation splits "
+                         "(router_oracle.extra_training_prompts) under the tag 'extra', as training text")
     ap.add_argument("--out", type=Path, default=ro.ROOT / "results" / "router_allocation_dev.json")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -106,6 +109,9 @@ def main() -> int:
     w = engine.weights
     train = build(engine, w, maps, eligible, pred, args.cache, up.TRAIN_PROMPTS, "train",
                   lambda p, ids: up.greedy_continuation(w, ids, up.CONTINUATION_TOKENS, engine.eos_id))
+    if args.extra:
+        build(engine, w, maps, eligible, pred, args.cache, ro.extra_training_prompts()[: args.extra], "extra",
+              lambda p, ids: up.greedy_continuation(w, ids, up.CONTINUATION_TOKENS, engine.eos_id))
     prompts = ro.dev_prompts()[: args.limit] if args.limit else ro.dev_prompts()
     dev = build(engine, w, maps, eligible, pred, args.cache, prompts, "dev",
                 lambda p, ids: engine.generate([p], max_new_tokens=args.tokens, mode="off", log_level="NONE")[0].token_ids)

@@ -67,6 +67,17 @@ def dev_prompts() -> list[str]:
                                      for x in (ROOT / "fixtures" / "router_curve" / f).read_text().splitlines() if x.strip()]
 
 
+def extra_training_prompts() -> list[str]:
+    """More training text for the predictor's data curve: the plain English requests of every
+    degradation split (406; none is a curve prompt, development or blind), in a fixed shuffle."""
+    texts = [r["text"] for f in sorted((ROOT / "fixtures").glob("degradation_heldout*/prompts.jsonl"))
+             for r in map(json.loads, f.read_text().splitlines()) if r.get("group") == "plain_en"]
+    curve = {json.loads(x)["text"] for f in (ROOT / "fixtures" / "router_curve").glob("*.jsonl")
+             for x in f.read_text().splitlines() if x.strip()}
+    texts = [t for t in texts if t not in curve]
+    return [texts[i] for i in np.random.default_rng(25).permutation(len(texts))]
+
+
 def run_selection(w, seq: torch.Tensor, S: int, clean_rows: torch.Tensor, cost: np.ndarray, ub: np.ndarray,
                   eligible: np.ndarray, budget: float, maps, acc: list) -> None:
     """Run one decision set (``select`` of ``cost`` within ``budget``) through a per-position pass

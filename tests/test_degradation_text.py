@@ -454,7 +454,7 @@ def test_repeated_share_counts_only_runs_of_plain_words():
 # The development splits in the order they were written; a rule is chosen on those before it.
 _SPLITS = ("degradation_heldout", "degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b",
            "degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04b", "degradation_heldout_2026-12-04c",
-           "degradation_heldout_2026-12-04d")
+           "degradation_heldout_2026-12-04d", "degradation_heldout_2026-12-05", "degradation_heldout_2026-12-05b")
 
 
 def _development_rows(splits: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -504,10 +504,73 @@ def test_stacked_words_counts_on_the_development_text():
     item does; without the repeat condition a list of top-level domains in the normal corpus would."""
     from reference_engine.degradation.text_rules import stacked_words
 
-    rows = _development_rows(_SPLITS)
+    rows = _development_rows(_SPLITS[:7])
     t = TextThresholds()
     assert len(rows) == 5267
     fired = Counter(g for g, text in rows if stacked_words(text, t.stacked_min_lines, t.stacked_repeat_share))
     assert fired == Counter({"odd": 16}), fired
     no_repeat = Counter(g for g, text in rows if stacked_words(text, t.stacked_min_lines, 0.0))
     assert no_repeat == Counter({"odd": 18, "normal": 1}), no_repeat
+
+
+def _devanagari_jumble(syllables: int) -> str:
+    import random
+
+    rng = random.Random(5)
+    consonants = [chr(c) for c in range(0x0915, 0x093A)]
+    signs = ["", "\u093e", "\u093f", "\u0940", "\u0941", "\u0942", "\u0947", "\u0948", "\u094b", "\u094c", "\u0902"]
+    words = ["".join(rng.choice(consonants) + rng.choice(signs) for _ in range(rng.randint(1, 4)))
+             for _ in range(syllables)]
+    text, n = [], 0
+    for w in words:
+        text.append(w)
+        n += sum(1 for c in w if c.isalpha())
+        if n >= syllables:
+            break
+    return " ".join(text)
+
+
+_HANGUL_JUMBLE = ("쇹릀 썔꾣 긥샱 뭦퓭븍 뮟맟숷윘. 꼾졤 푞읷섦뭊 륡뷣 쩨쇪꾋딻. 픅땩툛짾 넿웻뷔묣 뭁읇묘 뒴췥륖즌? "
+                  "웩퐺뾡 죃뙐톏픭 죘걑뇊투 췶뤫 짺놀 꺕녋곹릷 켅냕캣봘.")
+
+
+@pytest.mark.parametrize("text, fires", [
+    (_HANGUL_JUMBLE, True),
+    ("다음 달에 처음으로 혼자 제주도 여행을 가요. 버스로 다니기 좋은 코스를 추천해 줄 수 있나요? "
+     "바다가 보이는 카페도 알려 주세요.", False),
+    # consonants and vowel signs drawn evenly: every syllable well formed, no language's letters
+    (_devanagari_jumble(60), True),
+    (_devanagari_jumble(40), False),  # too few letters for an estimate
+    ("मुझे अगले हफ्ते अपने दोस्त की शादी में जाना है। क्या आप मुझे कुछ अच्छे तोहफ़े के सुझाव दे सकते हैं? "
+     "मेरा बजट दो हज़ार रुपये है।", False),
+    ("Как быстро выучить таблицу умножения с ребёнком? Ему восемь лет, и он не любит зубрить. "
+     "Подскажите игры или упражнения.", False),
+    # Latin letters drawn evenly are a payload (base64, hex, keys), never judged by this rule
+    ("Decode this: " + "qZx8WvKp3mTnYb7RcLd2HfJg9sXa4EuQoVi6BwNk5yCtGhDr1lMj0PeSzUAIFO" * 2, False),
+    ("短い" * 40, False),  # CJK and a short text: no estimate
+])
+def test_even_letters(text, fires):
+    assert (text_anomaly_reason(text) == "even_letters") == fires, text_anomaly_reasons(text)
+
+
+def test_even_letters_counts_on_the_development_text():
+    """The figures TextThresholds quotes for the rule's choice: on the nine development splits and
+    the normal corpus, 47 odd items fire (every Hangul and jamo jumble, 4 of 5 Devanagari, 3 of 5
+    Thai, the syllabics and historic-script noise) and no normal, data-request, payload or
+    other-language item; at 32 letters a plain Japanese request would."""
+    from reference_engine.degradation.text_rules import even_letters
+
+    rows = _development_rows(_SPLITS)
+    t = TextThresholds()
+    assert len(rows) == 6688
+    fired = Counter(g for g, text in rows if even_letters(text, t.even_letters_min, t.even_letters_effective))
+    assert fired == Counter({"odd": 47}), fired
+    shorter = Counter(g for g, text in rows if even_letters(text, 32, t.even_letters_effective))
+    assert shorter["plain_language"] == 1, shorter
+
+
+@pytest.mark.parametrize("field, value", [("even_letters_effective", 1.0), ("even_letters_effective", float("nan")),
+                                          ("even_letters_min", -1), ("even_letters_effective", True)])
+def test_even_letters_thresholds_are_checked(field, value):
+    with pytest.raises(ValueError, match=field):
+        TextThresholds(**{field: value})

@@ -30,6 +30,7 @@ REASONS: tuple[str, ...] = (
     "punctuation_flood",
     "repeated_passage",
     "stacked_words",
+    "even_letters",
     "special_token_text",
     "prompt_injection",
     "ood_score",

@@ -9,6 +9,7 @@ harness and tests import this without a model), or modules of this package other
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from typing import Iterator
@@ -216,6 +217,8 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         yield "repeated_passage"
     if stacked_words(scanned, t.stacked_min_lines, t.stacked_repeat_share):
         yield "stacked_words"
+    if not text.isascii() and even_letters(scanned, t.even_letters_min, t.even_letters_effective) is not None:
+        yield "even_letters"
     injection_res, special_res = t._compiled
     if special_res and any(r.search(scanned) for r in special_res):
         yield "special_token_text"
@@ -285,6 +288,58 @@ def stacked_words(text: str, min_lines: int, repeat_share: float) -> bool:
         again += word in seen
         seen.add(word)
     return again >= repeat_share * len(lines)
+
+
+# Letters whose frequencies say nothing about a language: Latin (base64, hex, hashes and keys are
+# Latin letters drawn evenly, and a request carrying them is a request) and the CJK ideographs
+# (thousands of them: a short real text repeats few, so it looks as even as noise).
+_EVEN_LETTERS_SKIP = frozenset({"LATIN", "CJK"})
+
+
+def _letter_group(ch: str) -> tuple[str, tuple[object, ...]]:
+    """The script a letter belongs to (the first word of its Unicode name) and the letters it
+    counts as. A Hangul syllable counts as its jamo and an Ethiopic syllable as its consonant
+    and its vowel order: their blocks are products of a small alphabet, and a random syllable
+    is a random pick from each factor."""
+    o = ord(ch)
+    if 0xAC00 <= o <= 0xD7A3:
+        i = o - 0xAC00
+        lead, vowel, tail = i // 588, (i % 588) // 28, i % 28
+        return "HANGUL", (("L", lead), ("V", vowel)) + ((("T", tail),) if tail else ())
+    if 0x1200 <= o <= 0x137F:
+        return "ETHIOPIC", (("C", (o - 0x1200) // 8), ("V", o % 8))
+    name = unicodedata.name(ch, "")
+    return (name.split(" ", 1)[0] if name else ""), (ch.lower(),)
+
+
+def even_letters(text: str, min_letters: int, min_effective: float) -> tuple[str, float] | None:
+    """The first script whose letters in ``text`` look drawn evenly from its alphabet, with their
+    effective number (the inverse of the chance that two letters picked at random are the same,
+    estimated without bias), or None. Every written language leans on a few letters: real text
+    in Cyrillic, Greek, Arabic, Hebrew, Devanagari, Thai, Georgian, Bengali or Tamil uses 10-30
+    letters' worth, Korean about 25-35 jamo; a random jumble of a script's letters or syllables
+    uses as many as the alphabet has (35-70). Only scripts with at least ``min_letters`` letters
+    in the text are judged (a short text's estimate is noise), and Latin and CJK never are
+    (``_EVEN_LETTERS_SKIP``)."""
+    groups: dict[str, dict[object, int]] = {}
+    for ch in text:
+        if not ch.isalpha() or ch.isascii() or unicodedata.category(ch) == "Lm":
+            continue
+        script, parts = _letter_group(ch)
+        if script in _EVEN_LETTERS_SKIP or not script:
+            continue
+        counts = groups.setdefault(script, {})
+        for part in parts:
+            counts[part] = counts.get(part, 0) + 1
+    for script, counts in groups.items():
+        n = sum(counts.values())
+        if n < min_letters:
+            continue
+        same = sum(c * (c - 1) for c in counts.values()) / (n * (n - 1))
+        effective = math.inf if same == 0 else 1.0 / same
+        if effective >= min_effective:
+            return script, effective
+    return None
 
 
 def text_anomaly_reason(text: str, thresholds: TextThresholds = TextThresholds()) -> str | None:
