@@ -574,3 +574,25 @@ def test_even_letters_counts_on_the_development_text():
 def test_even_letters_thresholds_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         TextThresholds(**{field: value})
+
+
+@pytest.mark.parametrize("text, fires", [
+    ("\n".join(" ".join("the night ferry leaves the pier at ten and waits for the last bus".split()[:i])
+               for i in range(1, 14)), True),
+    # lines sharing a prefix, none containing the one before: logs, paths, a directory listing
+    ("\n".join(f"2026-12-01 10:0{i}:00 INFO worker started job {i}" for i in range(9)), False),
+    ("\n".join("/".join("srv app models user billing tests fixtures".split()[:i]) for i in range(1, 8)), False),
+    ("What does this print?\nfor i in range(3):\n    print(i)", False),
+])
+def test_growing_lines(text, fires):
+    assert ("growing_lines" in text_anomaly_reasons(text)) == fires, text_anomaly_reasons(text)
+
+
+def test_growing_lines_counts_on_the_development_text():
+    """The figure TextThresholds quotes for the rule's choice: on the nine development splits and the
+    normal corpus, the 5 cumulative-prefix texts fire and nothing else does."""
+    from reference_engine.degradation.text_rules import growing_lines
+
+    t = TextThresholds()
+    fired = Counter(g for g, text in _development_rows(_SPLITS) if growing_lines(text, t.growing_min_pairs, t.growing_share))
+    assert fired == Counter({"odd": 5}), fired

@@ -30,6 +30,7 @@ REASONS: tuple[str, ...] = (
     "punctuation_flood",
     "repeated_passage",
     "stacked_words",
+    "growing_lines",
     "even_letters",
     "special_token_text",
     "prompt_injection",

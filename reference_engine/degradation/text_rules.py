@@ -217,6 +217,8 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         yield "repeated_passage"
     if stacked_words(scanned, t.stacked_min_lines, t.stacked_repeat_share):
         yield "stacked_words"
+    if growing_lines(scanned, t.growing_min_pairs, t.growing_share):
+        yield "growing_lines"
     if not text.isascii() and even_letters(scanned, t.even_letters_min, t.even_letters_effective) is not None:
         yield "even_letters"
     injection_res, special_res = t._compiled
@@ -288,6 +290,24 @@ def stacked_words(text: str, min_lines: int, repeat_share: float) -> bool:
         again += word in seen
         seen.add(word)
     return again >= repeat_share * len(lines)
+
+
+_LETTER_RE = re.compile(r"[^\W\d_]")
+
+
+def growing_lines(text: str, min_pairs: int, share: float) -> bool:
+    """Whether the text is one line growing a word or a few at a time: at least ``min_pairs``
+    pairs of neighbouring non-empty lines (and ``share`` of all pairs) where the next line is the
+    previous one, letters included, then a space and more. Log lines and CSV rows share prefixes
+    but do not contain the whole line before them; a path grows by a slash, not a space."""
+    if text.count("\n") < min_pairs:
+        return False
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= min_pairs:
+        return False
+    grows = sum(1 for a, b in zip(lines, lines[1:])
+                if len(b) > len(a) and b.startswith(a) and b[len(a)].isspace() and _LETTER_RE.search(a))
+    return grows >= min_pairs and grows >= share * (len(lines) - 1)
 
 
 # Letters whose frequencies say nothing about a language: Latin (base64, hex, hashes and keys are
