@@ -6,8 +6,9 @@ through the reference engine at its default configuration and reports, with n an
 interval each:
 
 - the degraded share per group, per kind and per language; the targets (issue 26): requests
-  that carry data (``data_request``) and plain requests (``plain_language``, ``plain_en``) at
-  most 5% degraded, odd input (``odd``) at least 95%; ``payload_alone`` has no target and is
+  that carry data (``data_request``), plain English requests (``plain_en``) and plain requests
+  in languages pruning does not measurably hurt more than English (below) at most 5% degraded,
+  odd input (``odd``) at least 95%; ``payload_alone`` has no target and is
   read against its pair (what the request around a payload changes);
 - that a degraded prompt's output equals pruning off's, token for token;
 - what each error costs: for every degraded ordinary prompt and every missed odd one, what
@@ -15,7 +16,8 @@ interval each:
   off on pruning off's own greedy continuation, the detector suspended), so a reader sees
   whether a false alarm protected anything and whether a miss hurt;
 - the same damage for every plain request, per language against English: degrading a language
-  is the protection working only where pruning measurably hurts it more than English;
+  is the protection working only where pruning measurably hurts it more than English (its top-1
+  interval below English's, or its mean per-item KL above English's in a permutation test);
 - the check's cost: what it adds to TTFT, the engine's own timing of its check call with the
   detector running minus suspended (then the call computes only the prompt's own logits), in
   interleaved pairs, over the median decode step, short and long prompts, over ``--cost-reps``
@@ -34,6 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from rsp_bench.datasets import read_jsonl
 from rsp_bench.errors import HarnessInputError
@@ -129,10 +133,24 @@ def summarise(items: Sequence[Item], v: Sequence[dict]) -> dict:
     return out
 
 
-def targets(summary: dict) -> list[dict]:
-    """Each target of issue 26 with its measured rate and whether it is met."""
+def targets(summary: dict, languages: dict | None = None, items: Sequence[Item] = (),
+            v: Sequence[dict] = ()) -> list[dict]:
+    """Each target of issue 26 with its measured rate and whether it is met. Given the damage per
+    language (``language_damage``) and the verdicts, plain requests in other languages are judged
+    as the issue asks: only those in languages pruning does not measurably hurt more than English
+    must keep pruning (``plain_language (not hurt more)``); without it, all of them."""
     rows = []
+    spared = None
+    if languages:
+        spared = [r["degraded"] for it, r in zip(items, v) if it.group == "plain_language"
+                  and it.lang in languages and not languages[it.lang].get("hurts_more_than_en")]
     for g in ORDINARY:
+        if g == "plain_language" and spared is not None:
+            r = rate(sum(spared), len(spared))
+            rows.append({"group": "plain_language (not hurt more)", "target": f"<= {MAX_FALSE_ALARMS:.0%} degraded",
+                         "rate": r["rate"], "n": r["n"], "ci95": r["ci95"],
+                         "met": r["n"] == 0 or r["rate"] <= MAX_FALSE_ALARMS})
+            continue
         if g in summary["groups"]:
             r = summary["groups"][g]
             rows.append({"group": g, "target": f"<= {MAX_FALSE_ALARMS:.0%} degraded", "rate": r["rate"],
@@ -178,23 +196,48 @@ def _pooled(rows: Sequence[dict]) -> dict:
             "bypass_ratio": round(sum(r["bypass_ratio"] * r["tokens"] for r in rows) / tokens, 4)}
 
 
+KL_ALPHA = 0.05  # one-sided level of the per-language KL test
+_PERMUTATIONS = 20_000
+
+
+def kl_more_p(lang_kl: Sequence[float], en_kl: Sequence[float], seed: int = 26) -> float:
+    """One-sided permutation p-value that a language's mean per-item KL exceeds English's: the share
+    of random relabellings of the pooled items whose language mean minus English mean is at least
+    the observed one (add-one smoothed, so never 0). Per item, not per token: a prompt's tokens
+    share its context, so they are not independent."""
+    a, b = np.asarray(lang_kl, float), np.asarray(en_kl, float)
+    if not len(a) or not len(b):
+        raise ValueError(f"kl_more_p needs items on both sides, got {len(a)} and {len(b)}")
+    pooled = np.concatenate([a, b])
+    observed = a.mean() - b.mean()
+    rng = np.random.default_rng(seed)
+    perm = np.argsort(rng.random((_PERMUTATIONS, len(pooled))), axis=1)[:, : len(a)]
+    lang_means = pooled[perm].mean(1)
+    diffs = lang_means - (pooled.sum() - lang_means * len(a)) / len(b)
+    return float((1 + np.sum(diffs >= observed - 1e-12)) / (_PERMUTATIONS + 1))
+
+
 def language_damage(items: Sequence[Item], v: Sequence[dict], dmg: dict[str, dict]) -> dict:
     """Pruning's damage per language against English's (plain requests). A language "hurts more"
-    only where its top-1 interval lies wholly below English's (Wilson, pooled tokens) or its KL is
-    above English's largest per-item KL; otherwise degrading it protected nothing measurable."""
+    where its top-1 interval lies wholly below English's (Wilson, pooled tokens) or its mean
+    per-item KL is above English's at ``KL_ALPHA`` (``kl_more_p``); otherwise degrading it
+    protected nothing measurable. With 4 items a language only a large difference shows: a
+    language's verdict is only as strong as its n."""
     plain = [(it, r) for it, r in zip(items, v) if it.group in ("plain_language", "plain_en") and it.id in dmg]
     english = [dmg[it.id] for it, _ in plain if it.lang == "en"]
     if not english:
         return {}
     en = _pooled(english)
-    en_kl_max = max(d["kl_mean"] for d in english)
+    en_kl = [d["kl_mean"] for d in english]
     out = {"en": {**en, "degraded": sum(r["degraded"] for it, r in plain if it.lang == "en")}}
     langs = sorted({it.lang for it, _ in plain} - {"en"})
     for lang in langs:
         rows = [dmg[it.id] for it, _ in plain if it.lang == lang]
         p = _pooled(rows)
-        worse = p["top1_ci95"][1] < en["top1_ci95"][0] or p["kl_mean"] > en_kl_max
-        out[lang] = {**p, "degraded": sum(r["degraded"] for it, r in plain if it.lang == lang),
+        kl_p = kl_more_p([d["kl_mean"] for d in rows], en_kl)
+        worse = p["top1_ci95"][1] < en["top1_ci95"][0] or kl_p < KL_ALPHA
+        out[lang] = {**p, "kl_p_more_than_en": round(kl_p, 5),
+                     "degraded": sum(r["degraded"] for it, r in plain if it.lang == lang),
                      "hurts_more_than_en": bool(worse)}
     return out
 
@@ -346,6 +389,7 @@ def run(a: argparse.Namespace) -> int:
                "error": "false alarm" if it.group in ORDINARY else "miss", **dmg[it.id]}
               for it, r in zip(items, v) if it.id in dmg
               and ((it.group in ORDINARY and r["degraded"]) or (it.group in ODD and not r["degraded"]))]
+    languages = language_damage(items, v, dmg)
     cost = costs()
 
     from rsp_bench.records import machine_info
@@ -355,9 +399,9 @@ def run(a: argparse.Namespace) -> int:
         "model": engine.name, "detector": engine.detector_info(),
         "config": {"mode": engine.default_config.mode, "sensitivity": engine.default_config.sensitivity,
                    "router": engine.default_config.router},
-        "targets": targets(summary), **summary,
+        "targets": targets(summary, languages, items, v), **summary,
         "degraded_equals_off": {"n": len(degraded), "unequal": unequal, "tokens": a.equal_tokens},
-        "errors": errors, "languages_damage": language_damage(items, v, dmg),
+        "errors": errors, "languages_damage": languages,
         "check_cost": cost, "machine": machine_info(), "wall_s": round(time.monotonic() - t0, 1),
         "command": _command(),
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from rsp_bench import cli
@@ -94,6 +95,35 @@ def test_a_language_hurts_more_only_beyond_englishs_interval() -> None:
     assert not out["fr"]["hurts_more_than_en"]
 
 
+def test_kl_more_p_tells_a_real_difference_from_noise() -> None:
+    rng = np.random.default_rng(0)
+    en = rng.gamma(2.0, 0.16, 40)  # English-like per-item KLs, mean about 0.33
+    assert dr.kl_more_p(en[:8] * 2.5, en) < dr.KL_ALPHA  # two and a half times English's, 8 items
+    assert dr.kl_more_p(rng.gamma(2.0, 0.16, 8), en) > 0.05  # the same distribution
+    assert dr.kl_more_p([0.9], [0.01] * 4) == pytest.approx(0.2, abs=0.02)  # 1 item of 5: never below 1/5
+    with pytest.raises(ValueError, match="items on both sides"):
+        dr.kl_more_p([], en)
+
+
+def test_plain_language_target_counts_only_languages_not_hurt_more() -> None:
+    items = [dr.Item(f"en{i}", "plain_en", "chat", "en", None, "hi") for i in range(8)]
+    items += [dr.Item(f"de{i}", "plain_language", "de", "de", None, "x") for i in range(4)]
+    items += [dr.Item(f"it{i}", "plain_language", "it", "it", None, "y") for i in range(4)]
+    v = [{"degraded": it.lang == "de", "reason": "ood_score" if it.lang == "de" else None, "prompt_tokens": 3}
+         for it in items]
+    d = {"tokens": 16, "kl_max": 0.5, "top1": 0.75, "top1_hits": 12, "bypass_ratio": 0.1}
+    dmg = {it.id: {**d, "kl_mean": 0.3 + 0.01 * (i % 8)} for i, it in enumerate(items)}
+    for i in range(4):
+        dmg[f"de{i}"]["kl_mean"] = 1.5
+    langs = dr.language_damage(items, v, dmg)
+    assert langs["de"]["hurts_more_than_en"] and not langs["it"]["hurts_more_than_en"]
+    rows = {t["group"]: t for t in dr.targets(dr.summarise(items, v), langs, items, v)}
+    assert rows["plain_language (not hurt more)"]["n"] == 4 and rows["plain_language (not hurt more)"]["met"]
+    v[-1]["degraded"] = True  # one Italian request degraded: 1/4 fails
+    rows = {t["group"]: t for t in dr.targets(dr.summarise(items, v), langs, items, v)}
+    assert not rows["plain_language (not hurt more)"]["met"]
+
+
 def test_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys) -> None:
     lines = [
         _line(id="en1", text="Name three rivers in Europe."),
@@ -118,7 +148,7 @@ def test_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys) -> None:
     cost = rep["check_cost"]["short"]
     assert cost["reps"] == 2 and cost["check_call_s_median"] > 0 and cost["decode_step_s_median"] > 0
     assert "added_s_median" in cost and cost["head_only_s_median"] > 0 and "interleaved" in cost["method"]
-    assert {t["group"] for t in rep["targets"]} == {"data_request", "plain_language", "plain_en", "odd"}
+    assert {t["group"] for t in rep["targets"]} == {"data_request", "plain_language (not hurt more)", "plain_en", "odd"}
     printed = capsys.readouterr().out
     assert "degraded output equals pruning off" in printed and str(out) in printed
     assert not list(tmp_path.glob("*.tmp"))
