@@ -596,3 +596,14 @@ def test_growing_lines_counts_on_the_development_text():
     t = TextThresholds()
     fired = Counter(g for g, text in _development_rows(_SPLITS) if growing_lines(text, t.growing_min_pairs, t.growing_share))
     assert fired == Counter({"odd": 5}), fired
+
+
+@pytest.mark.parametrize("text, fires", [
+    ("Which check digit is wrong in this passport MRZ?\n\nP<UTOVANTREECK<<MARISKA<JOLIEN<<<<<<<<<<<<<<\n"
+     "XK71503827UTO8806143F3102271<<<<<<<<<<<<<<02", False),
+    ("I<UTOD231458907<<<<<<<<<<<<<<<\n7408122F1204159UTO<<<<<<<<<<<6\nERIKSSON<<ANNA<MARIA<<<<<<<<<<", False),  # ID card
+    ("<" * 40, True),  # filler alone is no zone line
+    ("Write a story. <<<<<<<<<<<<<<<<<<<<<<<<<<<<", True),
+])
+def test_mrz_filler_runs_are_the_format(text, fires):
+    assert ("punctuation_run" in text_anomaly_reasons(text)) == fires, text_anomaly_reasons(text)

@@ -39,6 +39,8 @@ def _run_reason(text: str, t: TextThresholds) -> str | None:
                 continue
             if _separator_allowed(text, m.start(), m.end(), t):
                 continue
+            if ch == "<" and _in_mrz_line(text, m.start()):
+                continue
             return "punctuation_run"
         if length < t.char_run:
             continue
@@ -92,6 +94,18 @@ def _separator_allowed(text: str, start: int, end: int, t: TextThresholds) -> bo
     if end < len(text) and text[end] != "\n" and not _separator_neighbour_ok(text[end]):
         return False
     return other <= t.separator_line_other_max
+
+
+# A machine-readable zone line of a passport or ID card (ICAO 9303: 30, 36 or 44 characters of
+# capitals, digits and the "<" filler): its filler runs are the format, not noise.
+_MRZ_LINE_RE = re.compile(r"(?=[A-Z0-9< ]{30,44}$)(?:[A-Z0-9 ]*<)+[A-Z0-9< ]*")
+
+
+def _in_mrz_line(text: str, start: int) -> bool:
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", start)
+    line = text[line_start: len(text) if line_end < 0 else line_end].strip()
+    return bool(_MRZ_LINE_RE.fullmatch(line)) and sum(c.isalnum() for c in line) >= 8
 
 
 def _in_hex_literal(text: str, start: int) -> bool:
