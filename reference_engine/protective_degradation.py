@@ -153,11 +153,12 @@ class ProtectiveDegradation:
         return self._language_rule or None
 
     def detector_info(self) -> dict:
-        """Which protective-degradation detector runs for these weights (``ood.describe``), and
-        which language rule (its file, or None)."""
+        """Which protective-degradation detector runs for these weights (``ood.describe``), which
+        language rule (its file, or None) and which text rules (``degradation.text_rules_fingerprint``)."""
         self.ood_detector()
         self.language_rule()
-        return {**self._detector, "language_rule": self._language_rule_file}
+        return {**self._detector, "language_rule": self._language_rule_file,
+                "text_rules": degradation.text_rules_fingerprint()}
 
     def _template_ends(self) -> tuple[list[int], list[int]]:
         if getattr(self, "_ends", None) is None:

@@ -51,7 +51,19 @@ from .reasons import REASONS, first_reason
 from .text_rules import text_anomaly_reason, text_anomaly_reasons
 from .thresholds import DEFAULT_INJECTION_PATTERNS, DEFAULT_SPECIAL_TOKEN_PATTERNS, TextThresholds
 
+
+
+def text_rules_fingerprint(thresholds: TextThresholds = TextThresholds()) -> str:
+    """A short fingerprint of the text rules that run: the reasons they can give and every
+    threshold. A report or record carrying it says which rule set judged its prompts (the rules
+    change between stops; the packaged score's file name does not)."""
+    import hashlib
+
+    return hashlib.sha256(repr((REASONS, thresholds)).encode()).hexdigest()[:12]
+
+
 __all__ = [
+    "text_rules_fingerprint",
     "REASONS",
     "TextThresholds",
     "DEFAULT_INJECTION_PATTERNS",
