@@ -11,7 +11,10 @@ the draw, as ``unit_predictor.train`` does). The figure is the within-unit Spear
 measured cost on the evaluation tokens, mean over units; its slope against log(prompts) says what
 more text of this kind would buy.
 
-    python scripts/router_data_curve.py [--cache /tmp/rc] [--eval 12] [--repeats 3]
+    python scripts/router_data_curve.py [--cache /tmp/rc] [--eval 12] [--repeats 3] [--extra]
+
+With ``--extra`` the pool also holds the plain English requests labelled by ``router_allocation.py
+--extra N`` (the degradation splits' ``plain_en`` items; none is a curve prompt).
 
 Must not be imported by the engine or the harness; it records a design decision.
 """
@@ -56,12 +59,15 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/rc"))
     ap.add_argument("--eval", type=int, default=12, help="first N development prompts scored, never fitted")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--extra", action="store_true",
+                    help="add the cached plain-English requests (router_allocation.py --extra N) to the pool")
     ap.add_argument("--out", type=Path, default=ro.ROOT / "results" / "router_data_curve_dev.json")
     args = ap.parse_args()
     t0 = time.perf_counter()
     engine, pred, _maps, _ub, eligible = ro.load_setup()
     w, L = engine.weights, engine.dims.n_layers
-    files = {tag: sorted(args.cache.glob(f"{tag}_*.npz")) for tag in ("train", "dev")}
+    files = {tag: sorted(args.cache.glob(f"{tag}_*.npz")) for tag in ("train", "dev", "extra")}
+    files["extra"] = files["extra"] if args.extra else []
     if len(files["dev"]) <= args.eval or not files["train"]:
         print(f"error: {args.cache} holds {len(files['train'])} training and {len(files['dev'])} development "
               f"label files; run scripts/router_allocation.py --cache {args.cache} first", file=sys.stderr)
@@ -73,7 +79,7 @@ def main() -> int:
         return unit_inputs(w, d, L), np.log(d["kl"] + up.KL_FLOOR)
 
     evaluation = [prompt_part(p) for p in files["dev"][: args.eval]]
-    pool = [prompt_part(p) for p in files["train"] + files["dev"][args.eval:]]
+    pool = [prompt_part(p) for p in files["train"] + files["dev"][args.eval:] + files["extra"]]
     print(f"inputs: {len(pool)} pool, {len(evaluation)} evaluation prompts, {time.perf_counter() - t0:.0f} s",
           file=sys.stderr)
 
@@ -86,7 +92,7 @@ def main() -> int:
             rhos.append(up.spearman(p, y))
         return float(np.mean(rhos))
 
-    sizes = [n for n in (6, 12, 24, 36, 48) if n < len(pool)] + [len(pool)]
+    sizes = [n for n in (6, 12, 24, 36, 48, 96) if n < len(pool)] + [len(pool)]
     rows = []
     for n in sizes:
         reps = 1 if n == len(pool) else args.repeats
