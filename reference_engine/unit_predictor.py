@@ -382,8 +382,13 @@ def choose_ridge(x_fit: np.ndarray, y_fit: np.ndarray, x_held: np.ndarray, y_hel
 
 def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | None, weights_sha256: str,
           progress: Callable[[str], None] | None = None, prompts: tuple[str, ...] = TRAIN_PROMPTS,
-          continuation_tokens: int = CONTINUATION_TOKENS, kernel: str = "torch") -> UnitPredictor:
-    """Fit the predictor on ``prompts`` (fixed seed split: 3/4 fitting, 1/4 held out)."""
+          continuation_tokens: int = CONTINUATION_TOKENS, kernel: str = "torch",
+          labels: str = "sequence") -> UnitPredictor:
+    """Fit the predictor on ``prompts`` (fixed seed split: 3/4 fitting, 1/4 held out). ``labels``
+    as ``collect`` takes them: "sequence" (the packaged version 2) or "token" (each unit bypassed
+    at one token alone, the cost the router's per-token decision actually causes)."""
+    if labels not in ("sequence", "token"):
+        raise ValueError(f"labels must be 'sequence' or 'token', got {labels!r}")
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     L = w.dims.n_layers
@@ -401,7 +406,7 @@ def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | Non
     plain_bytes, _ = unit_bytes(w)
     use &= 2 * down[0].size * 4 < plain_bytes  # a map must cost fewer bytes than the unit it stands in for
     maps = [BypassMap(torch.from_numpy(down[u]), torch.from_numpy(up[u])) if use[u] else None for u in range(2 * L)]
-    samples = collect(w, sequences, progress, maps)
+    samples = collect(w, sequences, progress, maps, labels=labels)
     is_held = np.array([p in held for p in samples.prompt])
     fit_rows, held_rows = ~is_held, is_held
     target = np.log(samples.kl + KL_FLOOR)
@@ -422,7 +427,7 @@ def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | Non
     report = {
         "seed": SEED, "prompts": len(prompts), "held_out_prompts": len(held),
         "positions_fit": int(fit_rows.sum()), "positions_held_out": int(held_rows.sum()),
-        "continuation_tokens": continuation_tokens, "kl_floor": KL_FLOOR,
+        "continuation_tokens": continuation_tokens, "kl_floor": KL_FLOOR, "labels": labels,
         "spearman_predicted_vs_kl_pooled": spearman(pred_held.ravel(), kl_h.ravel()),
         "spearman_proxy_vs_kl_pooled": spearman(proxy_score.ravel(), kl_h.ravel()),
         "spearman_impact_only_vs_kl_pooled": spearman(np.repeat(impact[:, None], kl_h.shape[1], 1).ravel(), kl_h.ravel()),

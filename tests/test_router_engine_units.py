@@ -135,3 +135,17 @@ def test_calibrate_command_reports_the_predictor(unit_engine, capsys):
     calibrate_unit_predictor(unit_engine, argparse.Namespace(quiet=True, force=False))
     out = capsys.readouterr().out
     assert f"{2 * unit_engine.dims.n_layers} units" in out and "Spearman" in out and "trained in" in out
+
+
+def test_per_token_labels_train_a_predictor_of_the_same_form(tiny_engine):
+    """``labels="token"`` (each unit bypassed at one token alone) trains a predictor of the same
+    shape whose report says which labels it learnt; a wrong label kind is refused."""
+    from reference_engine import unit_predictor as up
+
+    args = (tiny_engine.weights, tiny_engine.encode, tiny_engine.eos_id, tiny_engine.weights_sha256)
+    pred = up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="token")
+    L = tiny_engine.dims.n_layers
+    assert pred.weight.shape == (2 * L, tiny_engine.dims.hidden) and pred.report["labels"] == "token"
+    assert np.isfinite(pred.weight).all() and (pred.impact >= 0).all()
+    with pytest.raises(ValueError, match="labels"):
+        up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="tokens")
