@@ -101,6 +101,8 @@ def main() -> int:
     ap.add_argument("--extra", type=int, default=0,
                     help="also label the first N plain English requests of the degradation splits "
                          "(router_oracle.extra_training_prompts) under the tag 'extra', as training text")
+    ap.add_argument("--extra-through", default="2026-12-05b",
+                    help="the last degradation split the extra requests come from (the cache of stop 43: 2026-12-05b)")
     ap.add_argument("--out", type=Path, default=ro.ROOT / "results" / "router_allocation_dev.json")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -110,7 +112,7 @@ def main() -> int:
     train = build(engine, w, maps, eligible, pred, args.cache, up.TRAIN_PROMPTS, "train",
                   lambda p, ids: up.greedy_continuation(w, ids, up.CONTINUATION_TOKENS, engine.eos_id))
     if args.extra:
-        build(engine, w, maps, eligible, pred, args.cache, ro.extra_training_prompts()[: args.extra], "extra",
+        build(engine, w, maps, eligible, pred, args.cache, ro.extra_training_prompts(args.extra_through)[: args.extra], "extra",
               lambda p, ids: up.greedy_continuation(w, ids, up.CONTINUATION_TOKENS, engine.eos_id))
     prompts = ro.dev_prompts()[: args.limit] if args.limit else ro.dev_prompts()
     dev = build(engine, w, maps, eligible, pred, args.cache, prompts, "dev",

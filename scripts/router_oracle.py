@@ -67,11 +67,19 @@ def dev_prompts() -> list[str]:
                                      for x in (ROOT / "fixtures" / "router_curve" / f).read_text().splitlines() if x.strip()]
 
 
-def extra_training_prompts() -> list[str]:
-    """More training text for the predictor's data curve: the plain English requests of every
-    degradation split (406; none is a curve prompt, development or blind), in a fixed shuffle."""
-    texts = [r["text"] for f in sorted((ROOT / "fixtures").glob("degradation_heldout*/prompts.jsonl"))
-             for r in map(json.loads, f.read_text().splitlines()) if r.get("group") == "plain_en"]
+def extra_training_prompts(through: str) -> list[str]:
+    """More training text for the predictor: the plain English requests of the degradation splits
+    up to the one dated ``through`` (a folder suffix such as "2026-12-05b"; the undated first split
+    always counts), none of them a curve prompt (development or blind), in a fixed shuffle. The
+    list depends on the splits it reads, so every use names its last split: the label cache of
+    ``router_allocation.py --extra`` read through 2026-12-05b (406 requests), the predictor of
+    ``train_unit_predictor.py`` through 2026-12-05c (455)."""
+    folders = sorted((ROOT / "fixtures").glob("degradation_heldout*"))
+    if not any(f.name.endswith(through) for f in folders):
+        raise ValueError(f"no degradation split dated {through!r} under fixtures/")
+    folders = [f for f in folders if f.name == "degradation_heldout" or f.name[len("degradation_heldout_"):] <= through]
+    texts = [r["text"] for f in folders for r in map(json.loads, (f / "prompts.jsonl").read_text().splitlines())
+             if r.get("group") == "plain_en"]
     curve = {json.loads(x)["text"] for f in (ROOT / "fixtures" / "router_curve").glob("*.jsonl")
              for x in f.read_text().splitlines() if x.strip()}
     texts = [t for t in texts if t not in curve]

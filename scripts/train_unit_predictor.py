@@ -30,6 +30,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--labels", choices=("sequence", "token"), default="token")
     ap.add_argument("--extra", type=int, default=0, help="plain English requests added to the training prompts")
+    ap.add_argument("--extra-through", default="2026-12-05c",
+                    help="the last degradation split the extra requests come from (stop 43's predictor: 2026-12-05c)")
     ap.add_argument("--out", type=Path, required=True, help="folder to write unit_predictor/<sha16>-v<N>.npz into")
     args = ap.parse_args()
     if args.extra < 0:
@@ -37,7 +39,7 @@ def main() -> int:
         return 2
     t0 = time.perf_counter()
     engine = Engine.load(None)
-    prompts = up.TRAIN_PROMPTS + tuple(ro.extra_training_prompts()[: args.extra])
+    prompts = up.TRAIN_PROMPTS + tuple(ro.extra_training_prompts(args.extra_through)[: args.extra])
     last = [0.0]
 
     def progress(msg: str) -> None:
