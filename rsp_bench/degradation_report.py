@@ -296,13 +296,13 @@ def _progress(label: str, quiet: bool) -> Callable[[int, int], None]:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=Path, default=Path("fixtures/degradation_heldout_2026-12-05b/prompts.jsonl"),
-                   help="prompt file (default: the newer of the two splits the README reports, "
-                        "fixtures/degradation_heldout_2026-12-05b/prompts.jsonl, measured once; the earlier ones "
+    p.add_argument("--prompts", type=Path, default=Path("fixtures/degradation_heldout_2026-12-05c/prompts.jsonl"),
+                   help="prompt file (default: the split the README reports, "
+                        "fixtures/degradation_heldout_2026-12-05c/prompts.jsonl, measured once; the earlier ones "
                         "are development splits, and the next design needs a new held-out split)")
     p.add_argument("--model", default=None, help="model folder or name (default: the embedded model)")
     p.add_argument("--out", type=Path, default=None,
-                   help="JSON report, written atomically (default: results/degradation_heldout_2026-12-05b.json; "
+                   help="JSON report, written atomically (default: results/degradation_heldout_2026-12-05c.json; "
                         "with --cost-only, results/degradation_check_cost.json)")
     p.add_argument("--cost-only", action="store_true",
                    help="measure only the check's cost (short prompt, and the file's longest ordinary prompt)")
@@ -334,7 +334,7 @@ def run(a: argparse.Namespace) -> int:
     quiet = bool(getattr(a, "quiet", False))
     cost_only = bool(getattr(a, "cost_only", False))
     out = a.out or Path("results/degradation_check_cost.json" if cost_only else
-                        "results/degradation_heldout_2026-12-05b.json")
+                        "results/degradation_heldout_2026-12-05c.json")
     items = load_items(a.prompts)
     if a.limit is not None:
         items = items[:a.limit]
