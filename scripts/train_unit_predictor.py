@@ -3,9 +3,9 @@ labels and training text, into a folder of its own (the packaged predictor is le
 
     python scripts/train_unit_predictor.py --labels token --extra 116 --out /tmp/upt
 
-``--extra N`` adds the first N plain English requests of the degradation splits
-(``router_oracle.extra_training_prompts``; none is a router-curve prompt) to the predictor's 48
-training prompts. The result is ``FOLDER/unit_predictor/<sha16>-v<N>.npz``, which
+``--extra N`` adds the first N plain English requests of fixtures/router_training/plain_en.jsonl
+(116, frozen from the degradation splits' plain requests; none is a router-curve prompt) to the
+predictor's 48 training prompts. The result is ``FOLDER/unit_predictor/<sha16>-v<N>.npz``, which
 ``scripts/router_more_text.py --trained FOLDER`` compares with the packaged predictor on the
 development prompts.
 
@@ -15,31 +15,30 @@ Must not be imported by the engine or the harness; it records a design decision.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import router_oracle as ro  # noqa: E402
+from reference_engine import Engine
+from reference_engine import unit_predictor as up
 
-from reference_engine import Engine  # noqa: E402
-from reference_engine import unit_predictor as up  # noqa: E402
+EXTRA_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "router_training" / "plain_en.jsonl"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--labels", choices=("sequence", "token"), default="token")
     ap.add_argument("--extra", type=int, default=0, help="plain English requests added to the training prompts")
-    ap.add_argument("--extra-through", default="2026-12-05c",
-                    help="the last degradation split the extra requests come from (stop 43's predictor: 2026-12-05c)")
     ap.add_argument("--out", type=Path, required=True, help="folder to write unit_predictor/<sha16>-v<N>.npz into")
     args = ap.parse_args()
-    if args.extra < 0:
-        print(f"error: --extra must be >= 0, got {args.extra}", file=sys.stderr)
+    extra = [json.loads(line)["text"] for line in EXTRA_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not 0 <= args.extra <= len(extra):
+        print(f"error: --extra must be 0-{len(extra)} (the requests in {EXTRA_FILE}), got {args.extra}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     engine = Engine.load(None)
-    prompts = up.TRAIN_PROMPTS + tuple(ro.extra_training_prompts(args.extra_through)[: args.extra])
+    prompts = up.TRAIN_PROMPTS + tuple(extra[: args.extra])
     last = [0.0]
 
     def progress(msg: str) -> None:
