@@ -37,11 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from rsp_bench.datasets import read_jsonl
 from rsp_bench.errors import HarnessInputError
-from rsp_bench.metrics.intervals import wilson_interval
+from rsp_bench.metrics.intervals import permutation_mean_greater_p, wilson_interval
 from rsp_bench.storage import atomic_write_json
 
 FIELDS = ("id", "group", "kind", "lang", "pair", "text")
@@ -196,31 +194,13 @@ def _pooled(rows: Sequence[dict]) -> dict:
             "bypass_ratio": round(sum(r["bypass_ratio"] * r["tokens"] for r in rows) / tokens, 4)}
 
 
-KL_ALPHA = 0.05  # one-sided level of the per-language KL test
-_PERMUTATIONS = 20_000
-
-
-def kl_more_p(lang_kl: Sequence[float], en_kl: Sequence[float], seed: int = 26) -> float:
-    """One-sided permutation p-value that a language's mean per-item KL exceeds English's: the share
-    of random relabellings of the pooled items whose language mean minus English mean is at least
-    the observed one (add-one smoothed, so never 0). Per item, not per token: a prompt's tokens
-    share its context, so they are not independent."""
-    a, b = np.asarray(lang_kl, float), np.asarray(en_kl, float)
-    if not len(a) or not len(b):
-        raise ValueError(f"kl_more_p needs items on both sides, got {len(a)} and {len(b)}")
-    pooled = np.concatenate([a, b])
-    observed = a.mean() - b.mean()
-    rng = np.random.default_rng(seed)
-    perm = np.argsort(rng.random((_PERMUTATIONS, len(pooled))), axis=1)[:, : len(a)]
-    lang_means = pooled[perm].mean(1)
-    diffs = lang_means - (pooled.sum() - lang_means * len(a)) / len(b)
-    return float((1 + np.sum(diffs >= observed - 1e-12)) / (_PERMUTATIONS + 1))
+KL_ALPHA = 0.05  # one-sided level of the per-language KL test (metrics.permutation_mean_greater_p)
 
 
 def language_damage(items: Sequence[Item], v: Sequence[dict], dmg: dict[str, dict]) -> dict:
     """Pruning's damage per language against English's (plain requests). A language "hurts more"
     where its top-1 interval lies wholly below English's (Wilson, pooled tokens) or its mean
-    per-item KL is above English's at ``KL_ALPHA`` (``kl_more_p``); otherwise degrading it
+    per-item KL is above English's at ``KL_ALPHA`` (a one-sided permutation test); otherwise degrading it
     protected nothing measurable. With 4 items a language only a large difference shows: a
     language's verdict is only as strong as its n."""
     plain = [(it, r) for it, r in zip(items, v) if it.group in ("plain_language", "plain_en") and it.id in dmg]
@@ -234,7 +214,8 @@ def language_damage(items: Sequence[Item], v: Sequence[dict], dmg: dict[str, dic
     for lang in langs:
         rows = [dmg[it.id] for it, _ in plain if it.lang == lang]
         p = _pooled(rows)
-        kl_p = kl_more_p([d["kl_mean"] for d in rows], en_kl)
+        # per prompt, not per token: a prompt's tokens share its context, so they are not independent
+        kl_p = permutation_mean_greater_p([d["kl_mean"] for d in rows], en_kl, seed=26)
         worse = p["top1_ci95"][1] < en["top1_ci95"][0] or kl_p < KL_ALPHA
         out[lang] = {**p, "kl_p_more_than_en": round(kl_p, 5),
                      "degraded": sum(r["degraded"] for it, r in plain if it.lang == lang),

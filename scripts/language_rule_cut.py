@@ -5,7 +5,7 @@ The language rule (reference_engine/degradation/language_rule.py) spares Latin-s
 requests from 7.20 nats of mean prompt loss: the lowest cut where the plain requests at or above
 it are, pooled, hurt no more than English's. Per language the picture differs: with 8 plain
 requests a language (results/language_rule_fit.json, three fit splits), a one-sided permutation
-test of per-item KL against English's (``rsp_bench.degradation_report.kl_more_p``, p >= 0.05) finds
+test of per-item KL against English's (``rsp_bench.metrics.permutation_mean_greater_p``, p >= 0.05, as ``rsp-bench degradation``) finds
 25 languages not hurt more, most of them Latin-script languages the model reads poorly (Welsh,
 Swahili, Estonian, Finnish, Croatian, Lithuanian), which the score degrades, while the ones it
 hurts more (German, French, Spanish, Polish) are seldom degraded. Here every development item's
@@ -35,7 +35,8 @@ import ood_design as od  # noqa: E402
 
 from reference_engine.degradation.language_rule import dominant_script  # noqa: E402
 from reference_engine.engine import Engine  # noqa: E402
-from rsp_bench.degradation_report import KL_ALPHA, kl_more_p  # noqa: E402
+from rsp_bench.degradation_report import KL_ALPHA  # noqa: E402
+from rsp_bench.metrics import permutation_mean_greater_p  # noqa: E402
 
 
 def main() -> int:
@@ -55,7 +56,7 @@ def main() -> int:
     kl = defaultdict(list)
     for r in fit:
         kl[r["lang"]].append(r["kl_mean"])
-    not_worse = sorted(L for L in kl if L != "en" and kl_more_p(kl[L], kl["en"]) >= KL_ALPHA)
+    not_worse = sorted(L for L in kl if L != "en" and permutation_mean_greater_p(kl[L], kl["en"], seed=26) >= KL_ALPHA)
 
     def decide(it: dict, cut: float, margin: float) -> bool:
         if it["text_reason"] is not None or it["check"] is None:

@@ -506,3 +506,19 @@ def test_bypass_ratio():
 def test_speed_and_compute_reject_bad_input(call, match):
     with pytest.raises(HarnessInputError, match=match):
         call()
+
+
+def test_permutation_mean_greater_p_tells_a_real_difference_from_noise() -> None:
+    from rsp_bench.metrics import permutation_mean_greater_p as perm_p
+
+    rng = np.random.default_rng(0)
+    ref = rng.gamma(2.0, 0.16, 40)  # like English's per-prompt KLs, mean about 0.33
+    assert perm_p(ref[:8] * 2.5, ref) < 0.05  # two and a half times the reference, 8 values
+    assert perm_p(rng.gamma(2.0, 0.16, 8), ref) > 0.05  # the same distribution
+    assert perm_p([0.9], [0.01] * 4) == pytest.approx(0.2, abs=0.02)  # 1 value of 5: never below 1/5
+    assert perm_p([0.9], [0.01] * 4, permutations=300_000) == pytest.approx(0.2, abs=0.01)  # in chunks
+    for bad, match in (([], "candidate"), ([float("nan")], "candidate"), ("abc", "candidate")):
+        with pytest.raises(HarnessInputError, match=match):
+            perm_p(bad, ref)
+    with pytest.raises(HarnessInputError, match="permutations"):
+        perm_p([1.0], ref, permutations=0)

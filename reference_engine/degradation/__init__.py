@@ -45,6 +45,8 @@ model_checks; request_words imports none); none imports this package's ``__init_
 
 from __future__ import annotations
 
+import hashlib
+
 from .detector_calibration import DetectorCalibration
 from .model_checks import loss_anomaly_reason, norm_anomaly_reason, router_instability_reason
 from .reasons import REASONS, first_reason
@@ -52,13 +54,10 @@ from .text_rules import text_anomaly_reason, text_anomaly_reasons
 from .thresholds import DEFAULT_INJECTION_PATTERNS, DEFAULT_SPECIAL_TOKEN_PATTERNS, TextThresholds
 
 
-
 def text_rules_fingerprint(thresholds: TextThresholds = TextThresholds()) -> str:
     """A short fingerprint of the text rules that run: the reasons they can give and every
     threshold. A report or record carrying it says which rule set judged its prompts (the rules
     change between stops; the packaged score's file name does not)."""
-    import hashlib
-
     return hashlib.sha256(repr((REASONS, thresholds)).encode()).hexdigest()[:12]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
+from functools import lru_cache
 from typing import Iterator
 
 from .chars import _is_emoji, _is_separator_char, _separator_neighbour_ok
@@ -330,6 +331,7 @@ def growing_lines(text: str, min_pairs: int, share: float) -> bool:
 _EVEN_LETTERS_SKIP = frozenset({"LATIN", "CJK"})
 
 
+@lru_cache(maxsize=8192)  # a text repeats its letters: name lookups are the cost
 def _letter_group(ch: str) -> tuple[str, tuple[object, ...]]:
     """The script a letter belongs to (the first word of its Unicode name) and the letters it
     counts as. A Hangul syllable counts as its jamo and an Ethiopic syllable as its consonant

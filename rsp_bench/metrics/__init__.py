@@ -9,7 +9,8 @@ This package only re-exports them; each concept lives in one submodule:
   squad         SQuAD EM / F1 (official v2.0 semantics)
   fields        strict field-level precision / recall / F1 of JSON extraction
   json_answer   lenient JSON parsing of a model's answer
-  intervals     percentile bootstrap (mean, paired difference, ratio), Wilson score interval
+  intervals     percentile bootstrap (mean, paired difference, ratio), Wilson score interval,
+                one-sided permutation test of a mean difference
   timing        latency percentiles, decode rate, achieved bandwidth, interleaved speed-up
   compute       bypass ratio, blocks executed per token
   _checks       input checks the submodules share
@@ -42,6 +43,7 @@ from rsp_bench.metrics.intervals import (
     bootstrap_mean_ci,
     bootstrap_paired_diff_ci,
     bootstrap_ratio_ci,
+    permutation_mean_greater_p,
     wilson_interval,
 )
 from rsp_bench.metrics.json_answer import parse_json_answer
@@ -56,6 +58,7 @@ __all__ = [
     "parse_json_answer", "normalize_field_value", "FieldCounts", "field_prf", "prf",
     "doc_field_f1",
     "bootstrap_mean_ci", "bootstrap_paired_diff_ci", "bootstrap_ratio_ci", "wilson_interval",
+    "permutation_mean_greater_p",
     "percentile", "speed_summary", "achieved_bandwidth_gbs", "interleaved_speedup",
     "bypass_ratio", "blocks_executed_per_token",
 ]

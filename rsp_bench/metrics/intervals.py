@@ -1,4 +1,5 @@
-"""Confidence intervals: percentile bootstrap (mean, paired difference, ratio) and Wilson score.
+"""Confidence intervals: percentile bootstrap (mean, paired difference, ratio) and Wilson score;
+and the one-sided permutation test of a difference in means that goes with them.
 
 Must NOT import torch directly, transformers, the reference engine, the other metric
 modules (except the shared ``rsp_bench.metrics._checks``) or any rsp_bench module other
@@ -16,7 +17,8 @@ import numpy as np
 from rsp_bench.errors import HarnessInputError
 from rsp_bench.metrics._checks import _alpha, _finite_array, _same_length
 
-__all__ = ["bootstrap_mean_ci", "bootstrap_paired_diff_ci", "bootstrap_ratio_ci", "wilson_interval"]
+__all__ = ["bootstrap_mean_ci", "bootstrap_paired_diff_ci", "bootstrap_ratio_ci", "wilson_interval",
+           "permutation_mean_greater_p"]
 
 
 # Bounds memory: resample index matrices are drawn in chunks of at most this many entries.
@@ -130,3 +132,28 @@ def wilson_interval(successes: int, n: int, alpha: float = 0.05) -> tuple[float,
     lo = 0.0 if successes == 0 else max(0.0, centre - half)
     hi = 1.0 if successes == n else min(1.0, centre + half)
     return lo, hi
+
+
+def permutation_mean_greater_p(candidate: Sequence[float], reference: Sequence[float], permutations: int = 20_000,
+                               seed: int = 0) -> float:
+    """One-sided permutation p-value that ``candidate``'s mean exceeds ``reference``'s: the share of
+    random relabellings of the pooled values whose candidate-minus-reference mean difference is at
+    least the observed one, add-one smoothed (never 0; with 1 candidate value among 5 it cannot go
+    below 1/5). Exact in its assumptions for any sample sizes, so it suits 4 prompts against 49."""
+    a = _finite_array(candidate, "candidate")
+    b = _finite_array(reference, "reference")
+    if isinstance(permutations, bool) or not isinstance(permutations, (int, np.integer)) or permutations < 1:
+        raise HarnessInputError(f"permutations must be a positive integer, got {permutations!r}")
+    pooled = np.concatenate([a, b])
+    observed = a.mean() - b.mean()
+    rng = np.random.default_rng(seed)
+    # a random subset of len(a) positions per relabelling; drawn in chunks to bound memory
+    diffs = []
+    chunk = max(1, _MAX_DRAWS_PER_CHUNK // len(pooled))
+    for start in range(0, permutations, chunk):
+        k = min(chunk, permutations - start)
+        pick = np.argsort(rng.random((k, len(pooled))), axis=1)[:, : len(a)]
+        cand_means = pooled[pick].mean(1)
+        diffs.append(cand_means - (pooled.sum() - cand_means * len(a)) / len(b))
+    diffs = np.concatenate(diffs)
+    return float((1 + np.sum(diffs >= observed - 1e-12)) / (permutations + 1))
