@@ -42,11 +42,10 @@ class PruningConfig:
     router: which lossy router decides: "block" (router.Router: whole blocks, EMA scores of
         earlier tokens, probe steps) or "unit" (router.UnitRouter: attention and MLP apart, scores
         predicted from this token's own unit inputs inside the decode step; unit_predictor.py).
-        The unit router routes among the static prior's candidates (router.static_prior). It is
-        the default because it is the one that pays: at 0.5 it decodes measurably faster than
-        pruning off, where the block router does not (README); on prompts nobody tuned to it ties
-        the best static removal of the same bytes on top-1 rather than beating it
-        (docs/unit-router.md). Where the weights have no unit predictor (packaged or cached),
+        It is the default because it is the one that pays: at 0.5 it decodes measurably faster
+        than pruning off, where the block router does not, and (predictor version 3, every unit a
+        candidate) it beats static removal of the same bytes on top-1 and KL (README,
+        docs/unit-router.md). Where the weights have no unit predictor (packaged or cached),
         a "unit" request runs the block router, says so once in a WARNING and in its stats
         (``router``, ``router_fallback``); ``rsp-bench calibrate`` trains one.
     static_attn_bypass / static_mlp_bypass: in "static" mode, blocks whose attention / MLP alone

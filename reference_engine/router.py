@@ -44,12 +44,15 @@ ENTROPY_EMA_ALPHA = 0.3
 FACTOR_LO, FACTOR_HI = 0.5, 2.0
 UNIT_TAU_WEIGHT = "bytes"  # UnitRouter: "bytes" (tau per block's worth of bytes saved) or "none"
 # The unit router's static prior (``static_prior``): a candidate unit goes on a token when its
-# predicted cost there is under UNIT_PRIOR_LAMBDA x its mean cost. 1.0 was chosen against 0.3 on
-# the development split (scripts/choose_unit_prior.py, results/unit_prior_dev.json): the same
-# quality per byte, and it reaches 6 blocks' worth with a third of the units as candidates.
-# None: no prior, the free router of before (every unit a candidate, its threshold in nats per
-# block's worth of bytes), kept for comparison.
-UNIT_PRIOR_LAMBDA: float | None = 1.0
+# predicted cost there is under UNIT_PRIOR_LAMBDA x its mean cost. None (the default since
+# predictor version 3): no prior, the free router (every unit outside the blacklist may go; its
+# threshold reads nats per block's worth of bytes, so a unit goes when its predicted cost per byte
+# saved is low). Chosen on the development split (scripts/choose_unit_prior.py, 36 prompts,
+# results/unit_design_v3_dev.json): with the version-3 predictor the free router led the best
+# static removal of the same bytes by +6.9 to +9.0 top-1 points with a lower KL at 2.1-6.1 blocks'
+# worth, the prior (lambda 1.0) by +0.6 to +1.3. The prior made the version-2 predictor usable
+# (lambda 1.0 chosen against 0.3 then, results/unit_prior_dev.json); it is kept for comparison.
+UNIT_PRIOR_LAMBDA: float | None = None
 
 
 # ---- the four signals: each a documented formula of measured inputs, returning a factor ----
@@ -244,7 +247,7 @@ class UnitRouter:
         tau[b, u] = clamp(tau0 * f_density * f_entropy * f_gradient_l * f_watermark * sensitivity / 0.5,
                           0.001, 0.15)
 
-    With the static prior (``static_prior``, the engine's default: ``UNIT_PRIOR_LAMBDA`` 1.0) only
+    With the static prior (``static_prior``, ``UNIT_PRIOR_LAMBDA`` a number; the default is None, no prior) only
     candidate units may go, the ones with the lowest mean cost per byte within the candidate share
     the sensitivity asks for; the others are protected like a blacklisted block's. The gate's
     bias is shifted so the score reads this token's predicted cost relative to the unit's mean

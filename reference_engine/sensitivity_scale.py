@@ -2,8 +2,9 @@
 
 Sensitivity s in [0, 1] asks the unit router to leave about ``s * SHARE_AT_FULL`` of the weight
 bytes a decode token reads with pruning off unread (0.5: a tenth, an ideal speed-up of 1/0.9 =
-1.11x on a memory-bound machine). The router's internal scale is the share of unit bytes that
-are candidates (router.static_prior); which candidates go on a token depends on the text, so no
+1.11x on a memory-bound machine). The router's internal scale is its threshold scale (tau ~ tau0 x
+scale / 0.5, in nats per block's worth of bytes; router.UnitRouter without the static prior, the
+default since predictor version 3); which units go on a token depends on the text, so no
 internal value holds a share on every prompt: the scale is *calibrated*, per weights, on
 free-running greedy generation of ``TUNE_PROMPTS`` at batch 1 (the detector suspended, watermark
 pinned to 0), and maps s to the internal value whose mean share there is the target. On other
@@ -33,11 +34,12 @@ from .calibration import atomic_write
 if TYPE_CHECKING:
     from .engine import Engine
 
-SCALE_VERSION = 2  # 2: the internal scale is the static prior's candidate share (router.static_prior)
+SCALE_VERSION = 3  # 3: the free router's threshold scale, predictor v3 (2: the static prior's candidate share)
 SHARE_AT_FULL = 0.20  # sensitivity 1.0 asks for a fifth of a decode token's weight bytes not read
 FIT_TOKENS = 64
-# Internal scales tried by ``fit``: the share of unit bytes that are candidates (router.static_prior).
-FIT_GRID = (0.02, 0.04, 0.06, 0.08, 0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75)
+# Internal scales tried by ``fit``: the free router's threshold scales (0.03 skipped about 2 and
+# 0.12 about 6 blocks' worth per token on the development prompts, results/unit_design_v3_dev.json).
+FIT_GRID = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3)
 
 # The choosing split of the unit router's design (DESIGN.md section 9): written for the router's
 # curve, neither the predictor's training text (unit_predictor.TRAIN_PROMPTS) nor a held-out set.

@@ -14,9 +14,15 @@ the block router's: predicted nats of output KL if the unit is bypassed now, com
 same threshold. A cheaper proxy label, log(||unit output|| / ||h||), is measured too and its rank
 correlation with the KL label is reported beside the predictor's (``report``).
 
-Training text is this module's own prompts (``TRAIN_PROMPTS``, none of them in fixtures/), split
-by a fixed seed into a fitting and a held-out part; the ridge strength is chosen on the held-out
-part. The result ships as package data (``data/unit_predictor/<sha16>-v<N>.npz``) keyed by the
+Training text (version 3, ``training_prompts()``): this module's own 48 prompts (``TRAIN_PROMPTS``,
+none of them in fixtures/) and 116 plain English requests frozen in package data
+(``data/training_text/plain_en.jsonl``; its README says where they come from; none is a router-curve
+prompt), split by a fixed seed into a fitting and a held-out part; the ridge strength is chosen on
+the held-out part. Labels (version 3): each unit bypassed at one decode token alone
+(``isolated_bypass``), the cost of the decision the router makes; version 2 bypassed it on every
+decode token at once (``labels="sequence"``, kept for comparison). Why: on the development prompts
+the version-3 predictor led the best static removal by 5-8 top-1 points with a lower KL at 1-6
+blocks' worth, version 2 by -6 to +5 (docs/unit-router.md, "More text with per-token labels"). The result ships as package data (``data/unit_predictor/<sha16>-v<N>.npz``) keyed by the
 weights' sha256; ``rsp-bench calibrate`` rebuilds it.
 
 Unit maps (version 2): each unit also gets a low-rank stand-in fitted by least squares on the
@@ -39,6 +45,7 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -49,7 +56,7 @@ from .calibration import fit_low_rank, atomic_write
 from .isolated_bypass import forward_unit_alone
 from .model import BypassMap, KVCache, ModelWeights, decode_step, forward_units, prefill
 
-PREDICTOR_VERSION = 2
+PREDICTOR_VERSION = 3  # 3: per-token labels on 164 prompts (2: whole-sequence labels on 48)
 MAP_RANK = 32
 MAP_CHOICE_PROMPTS = 8  # fitting prompts on which each unit's map is compared with identity
 SEED = 16
@@ -110,6 +117,18 @@ TRAIN_PROMPTS = (
     "Write a regular expression that matches a five-digit postal code.",
     "Tell a very short story about a fox who learns to swim.",
 )
+
+
+TRAINING_TEXT_FILE = Path(__file__).resolve().parent / "data" / "training_text" / "plain_en.jsonl"
+
+
+@lru_cache(maxsize=1)
+def training_prompts() -> tuple[str, ...]:
+    """The packaged predictor's training text: ``TRAIN_PROMPTS`` and the frozen plain English
+    requests of ``TRAINING_TEXT_FILE``, in that order (the seed split depends on it)."""
+    extra = [json.loads(line)["text"] for line in TRAINING_TEXT_FILE.read_text(encoding="utf-8").splitlines()
+             if line.strip()]
+    return TRAIN_PROMPTS + tuple(extra)
 
 
 def unit_bytes(w: ModelWeights, maps: "list[BypassMap | None] | None" = None) -> tuple[np.ndarray, int]:
@@ -381,12 +400,15 @@ def choose_ridge(x_fit: np.ndarray, y_fit: np.ndarray, x_held: np.ndarray, y_hel
 
 
 def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | None, weights_sha256: str,
-          progress: Callable[[str], None] | None = None, prompts: tuple[str, ...] = TRAIN_PROMPTS,
+          progress: Callable[[str], None] | None = None, prompts: tuple[str, ...] | None = None,
           continuation_tokens: int = CONTINUATION_TOKENS, kernel: str = "torch",
-          labels: str = "sequence") -> UnitPredictor:
-    """Fit the predictor on ``prompts`` (fixed seed split: 3/4 fitting, 1/4 held out). ``labels``
-    as ``collect`` takes them: "sequence" (the packaged version 2) or "token" (each unit bypassed
-    at one token alone, the cost the router's per-token decision actually causes)."""
+          labels: str = "token") -> UnitPredictor:
+    """Fit the predictor on ``prompts`` (default ``training_prompts()``; fixed seed split: 3/4
+    fitting, 1/4 held out). ``labels`` as ``collect`` takes them: "token" (version 3: each unit
+    bypassed at one token alone, the cost the router's per-token decision actually causes) or
+    "sequence" (version 2's: bypassed on every decode token at once). About 35 min on 2 CPU cores
+    for the embedded 135M model."""
+    prompts = training_prompts() if prompts is None else tuple(prompts)
     if labels not in ("sequence", "token"):
         raise ValueError(f"labels must be 'sequence' or 'token', got {labels!r}")
     say = progress or (lambda _m: None)

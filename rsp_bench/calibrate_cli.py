@@ -30,9 +30,9 @@ def calibrate_unit_predictor(engine, args: argparse.Namespace) -> None:
 
     from tqdm import tqdm
 
-    from reference_engine.unit_predictor import MAP_CHOICE_PROMPTS, TRAIN_PROMPTS
+    from reference_engine.unit_predictor import MAP_CHOICE_PROMPTS, training_prompts
 
-    bar = None if args.quiet else tqdm(total=2 * len(TRAIN_PROMPTS) + MAP_CHOICE_PROMPTS, desc="unit predictor",
+    bar = None if args.quiet else tqdm(total=2 * len(training_prompts()) + MAP_CHOICE_PROMPTS, desc="unit predictor",
                                        file=sys.stderr)
     t0 = time.perf_counter()
     pred = engine.unit_predictor(progress=(lambda m: bar.update(1) if "/" in m else None) if bar else None,
@@ -91,6 +91,6 @@ def calibrate_scale(engine, args: argparse.Namespace) -> None:
         print(f"sensitivity scale written to {where}", file=sys.stderr)
     rows = [(f"{s:.2f}", f"{scale.target_share(s):.1%}", f"{scale.internal_for(s):.4f}") for s in (0.25, 0.5, 0.75, 1.0)]
     print(tabulate(rows, headers=["sensitivity", "target share of decode weight bytes not read",
-                                  "unit router candidate share (internal)"]))
+                                  "unit router threshold scale (internal)"]))
     print(f"sensitivity scale: fitted on {scale.prompts} prompts x {scale.tokens} tokens ({scale.kernel} kernel, "
           f"{scale.seconds} s); the most it measured: {scale.max_share:.1%}")

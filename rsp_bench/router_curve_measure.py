@@ -24,7 +24,7 @@ result on the leaderboard).
 3. Speed: greedy decode, pruning off vs the router, interleaved A B A B in this process, on the
    engine's kernel; the ideal speed-up from the bytes not read; the router time per token.
 Writes the JSON atomically. The sensitivities here are the router's own internal scale
-(``Engine.raw_unit_scale``: the static prior's candidate share, router.static_prior), not the
+(``Engine.raw_unit_scale``: the unit router's threshold scale), not the
 user scale of reference_engine/sensitivity_scale.py.
 
 The measurement itself is ``measure_curve`` (an engine, held-out prompts, targets, sizes): the
@@ -60,7 +60,9 @@ from rsp_bench.engines.reference import random_units, shortgpt_units, unit_budge
 ROOT = Path(__file__).resolve().parents[1]
 
 TARGETS = (1, 2, 3, 4, 5, 6)  # blocks' worth of weight bytes not read per decode token
-GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0)
+# the router's threshold scales (the free router, predictor v3: 0.03 about 2 and 0.12 about 6
+# blocks' worth on the development prompts); 0.5 is far past the targets, for the speed extreme
+GRID = (0.01, 0.02, 0.03, 0.045, 0.06, 0.08, 0.1, 0.13, 0.16, 0.2, 0.3, 0.5)
 SEEDS = (0, 1, 2, 3, 4)
 
 # TUNE_PROMPTS (imported above) are the choosing split: the same prompts the sensitivity scale is fitted on

@@ -3,7 +3,7 @@ labels and training text, into a folder of its own (the packaged predictor is le
 
     python scripts/train_unit_predictor.py --labels token --extra 116 --out /tmp/upt
 
-``--extra N`` adds the first N plain English requests of fixtures/router_training/plain_en.jsonl
+``--extra N`` adds the first N plain English requests of reference_engine/data/training_text/plain_en.jsonl
 (116, frozen from the degradation splits' plain requests; none is a router-curve prompt) to the
 predictor's 48 training prompts. The result is ``FOLDER/unit_predictor/<sha16>-v<N>.npz``, which
 ``scripts/router_more_text.py --trained FOLDER`` compares with the packaged predictor on the
@@ -23,7 +23,7 @@ from pathlib import Path
 from reference_engine import Engine
 from reference_engine import unit_predictor as up
 
-EXTRA_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "router_training" / "plain_en.jsonl"
+EXTRA_FILE = up.TRAINING_TEXT_FILE
 
 
 def main() -> int:

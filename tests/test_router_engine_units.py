@@ -137,15 +137,16 @@ def test_calibrate_command_reports_the_predictor(unit_engine, capsys):
     assert f"{2 * unit_engine.dims.n_layers} units" in out and "Spearman" in out and "trained in" in out
 
 
-def test_per_token_labels_train_a_predictor_of_the_same_form(tiny_engine):
-    """``labels="token"`` (each unit bypassed at one token alone) trains a predictor of the same
-    shape whose report says which labels it learnt; a wrong label kind is refused."""
+def test_sequence_labels_train_a_predictor_of_the_same_form(tiny_engine):
+    """``labels="sequence"`` (version 2's: each unit bypassed on every decode token) trains a
+    predictor of the same shape whose report says which labels it learnt; a wrong label kind is
+    refused."""
     from reference_engine import unit_predictor as up
 
     args = (tiny_engine.weights, tiny_engine.encode, tiny_engine.eos_id, tiny_engine.weights_sha256)
-    pred = up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="token")
+    pred = up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="sequence")
     L = tiny_engine.dims.n_layers
-    assert pred.weight.shape == (2 * L, tiny_engine.dims.hidden) and pred.report["labels"] == "token"
+    assert pred.weight.shape == (2 * L, tiny_engine.dims.hidden) and pred.report["labels"] == "sequence"
     assert np.isfinite(pred.weight).all() and (pred.impact >= 0).all()
     with pytest.raises(ValueError, match="labels"):
         up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="tokens")

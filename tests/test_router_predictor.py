@@ -48,6 +48,19 @@ def test_training_and_curve_prompts_are_not_in_the_fixtures() -> None:
         used += [q[:40].lower() for q in fresh]
 
 
+def test_packaged_training_text_is_frozen_and_no_curve_prompt() -> None:
+    """Version 3 trains on TRAIN_PROMPTS and the 116 frozen plain English requests (they come from
+    the degradation splits' plain_en groups, so they are in fixtures/, but never in a router-curve
+    file, the curve's tune or built-in prompts, or twice)."""
+    from rsp_bench import router_curve_measure as curve
+    prompts = up.training_prompts()
+    assert prompts[: len(up.TRAIN_PROMPTS)] == up.TRAIN_PROMPTS and len(prompts) == len(up.TRAIN_PROMPTS) + 116
+    assert len(set(prompts)) == len(prompts)
+    curve_text = "\n".join(f.read_text(encoding="utf-8") for f in (ROOT / "fixtures" / "router_curve").glob("*.jsonl"))
+    for p in prompts:
+        assert p[:60] not in curve_text and p not in curve.TUNE_PROMPTS and p not in curve.HELD_OUT_PROMPTS, p
+
+
 def test_spearman_matches_known_values() -> None:
     assert up.spearman(np.array([1, 2, 3, 4]), np.array([10, 20, 30, 40])) == pytest.approx(1.0)
     assert up.spearman(np.array([1, 2, 3, 4]), np.array([4, 3, 2, 1])) == pytest.approx(-1.0)
