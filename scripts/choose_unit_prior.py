@@ -18,6 +18,10 @@ results/unit_prior_dev.json was measured at de293b0, where the experiment's hook
 here K becomes the candidate share that holds exactly the first K units (the same candidates),
 and the mean cost carries the predictor's KL floor (1e-4 nats; the smallest mean cost is 0.003).
 
+results/unit_design_v3_dev.json (2026-12-05, 850 s): the same comparison for predictor version 3
+(`--lambdas 1 --xs 0.03,0.05,0.08,0.12,0.16,0.22,0.3`), which made the free router the default
+(router.UNIT_PRIOR_LAMBDA None).
+
 Must not be imported by the engine or the harness; it records a design decision.
 """
 
