@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "rsp_decode.c"
-ABI_VERSION = 5
+ABI_VERSION = 6
 BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
 OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 
@@ -70,10 +70,11 @@ class _Model(ctypes.Structure):
 class _Router(ctypes.Structure):
     # csrc/rsp_decode.c rsp_router, field for field
     _fields_ = [("B", _i64), ("L", _i64)] + [(n, ctypes.c_double) for n in (
-        "entropy_ref", "ent_alpha", "tau_min", "tau_max", "f_lo", "f_hi", "block_bytes")] + [
+        "entropy_ref", "ent_alpha", "tau_min", "tau_max", "f_lo", "f_hi", "block_bytes", "target_bytes",
+        "ctl_gain", "ctl_max")] + [
         (n, ctypes.c_void_p) for n in (
             "inv_grad_ref", "base", "tau_weight", "protect", "active", "row_done", "unit_bytes", "entropy",
-            "grad", "last", "norms", "step_entropy", "bytes_saved", "units_bypassed", "counts", "times")]
+            "grad", "last", "norms", "step_entropy", "bytes_saved", "units_bypassed", "counts", "times", "ctl")]
 
 
 # (name, dtype, shape as a function of B and L): the arrays rsp_router points into
@@ -84,7 +85,8 @@ ROUTER_ARRAYS = (("inv_grad_ref", "float64", lambda B, L: (L,)), ("base", "float
                  ("grad", "float64", lambda B, L: (B, L)), ("last", "uint8", lambda B, L: (2 * L,)),
                  ("norms", "float64", lambda B, L: (B, L + 1)), ("step_entropy", "float64", lambda B, L: (B,)),
                  ("bytes_saved", "int64", lambda B, L: (B,)), ("units_bypassed", "int64", lambda B, L: (B,)),
-                 ("counts", "int64", lambda B, L: (5,)), ("times", "float64", lambda B, L: (7,)))
+                 ("counts", "int64", lambda B, L: (5,)), ("times", "float64", lambda B, L: (7,)),
+                 ("ctl", "float64", lambda B, L: (B,)))
 
 
 class RouterState:
@@ -94,10 +96,12 @@ class RouterState:
     another array of the same kind (the engine's per-request counters). Constants are plain floats."""
 
     def __init__(self, batch: int, n_layers: int, arrays: dict, *, entropy_ref: float, ent_alpha: float,
-                 tau_min: float, tau_max: float, f_lo: float, f_hi: float, block_bytes: float):
+                 tau_min: float, tau_max: float, f_lo: float, f_hi: float, block_bytes: float,
+                 target_bytes: float = 0.0, ctl_gain: float = 0.0, ctl_max: float = 0.0):
         self.batch, self.n_layers = batch, n_layers
         self.arrays: dict = {}
-        self.struct = _Router(batch, n_layers, entropy_ref, ent_alpha, tau_min, tau_max, f_lo, f_hi, block_bytes)
+        self.struct = _Router(batch, n_layers, entropy_ref, ent_alpha, tau_min, tau_max, f_lo, f_hi, block_bytes,
+                              target_bytes, ctl_gain, ctl_max)
         for name, _, _ in ROUTER_ARRAYS:
             self.rebind(name, arrays[name])
         self.ref = ctypes.byref(self.struct)
@@ -111,7 +115,7 @@ class RouterState:
             raise ValueError(f"router array {name} must be {dtype} {shape} C-contiguous, got "
                              f"{array.dtype} {tuple(array.shape)}")
         if name in ("entropy", "grad", "last", "norms", "step_entropy", "bytes_saved", "units_bypassed",
-                    "counts", "times") and not array.flags.writeable:
+                    "counts", "times", "ctl") and not array.flags.writeable:
             raise ValueError(f"router array {name} must be writable")
         self.arrays[name] = array  # the struct holds a raw pointer: keep the array alive
         setattr(self.struct, name, array.ctypes.data)

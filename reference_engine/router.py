@@ -35,6 +35,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -53,6 +54,13 @@ UNIT_TAU_WEIGHT = "bytes"  # UnitRouter: "bytes" (tau per block's worth of bytes
 # worth, the prior (lambda 1.0) by +0.6 to +1.3. The prior made the version-2 predictor usable
 # (lambda 1.0 chosen against 0.3 then, results/unit_prior_dev.json); it is kept for comparison.
 UNIT_PRIOR_LAMBDA: float | None = None
+# The unit router's share controller (UnitRouter.steer): after each decode step, a row's log factor
+# on its threshold moves by CTL_GAIN x (target - bytes not read) / target, within +-CTL_MAX.
+# 0.3 was chosen on the development prompts (scripts/choose_ctl_gain.py, results/ctl_gain_dev.json):
+# at sensitivity 0.5 (10% asked) 12 prompts got 7.6-12.6% each over 16 tokens and 9.2-11.7% over 64,
+# against 3.0-19.9% and 4.4-19.3% with a fixed threshold; 0.5 overshoots the mean at 64 tokens.
+CTL_GAIN = 0.3
+CTL_MAX = 2.3  # a factor of 10 either way
 
 
 # ---- the four signals: each a documented formula of measured inputs, returning a factor ----
@@ -263,6 +271,15 @@ class UnitRouter:
     per block's worth of weight bytes not read, so a unit goes when its predicted cost per byte
     saved is low, which is what an equal-bytes budget rewards. ``"none"``: one tau for all units.
 
+    **Share controller** (``target_bytes`` > 0, the engine's user-scale requests): without it the
+    threshold is fixed for the request, so the share of bytes not read follows the text (3.8-21% of
+    a token's bytes per prompt at sensitivity 0.5). With it every row carries ``ctl[b]``, a log
+    factor on its threshold (tau ~ base x f_entropy x f_gradient x exp(ctl)), and after each step
+    ctl[b] += CTL_GAIN x (target_bytes - bytes this step did not read) / target_bytes, clamped to
+    +-CTL_MAX: an integral controller, so a request's running mean of bytes not read is steered to
+    the target the sensitivity asks for, whatever the text. The [0.001, 0.15] clamp still bounds
+    every threshold. Raw-scale runs (curves, the scale's own fit) leave it off.
+
     ``native=True`` (the native decode kernel): the same per-token bookkeeping (plan, after_step,
     observe_step) runs inside the C step instead (decode_native.RouterState, set on the gate), over
     this object's own arrays (entropy, grad, counters), so thresholds(), scores(), detail_records()
@@ -273,7 +290,8 @@ class UnitRouter:
     def __init__(self, calib: RouterCalibration, gate_weight, gate_bias, unit_bytes: np.ndarray,
                  block_bytes: int, batch: int, sensitivity: float, tau0: float, blacklist: frozenset[int],
                  f_density: np.ndarray, f_watermark: float, native: bool = False,
-                 extra_protected: np.ndarray | None = None, tau_weight: np.ndarray | None = None):
+                 extra_protected: np.ndarray | None = None, tau_weight: np.ndarray | None = None,
+                 target_bytes: float = 0.0):
         import torch
 
         from .model import UnitGate
@@ -312,6 +330,8 @@ class UnitRouter:
         self._protect = np.where(self.protected, -np.inf, 0.0)
         self._lt = np.zeros((batch, 2 * L))
         self.time_s = 0.0  # router time of the latest step (plan + after_step + observe), set by the engine
+        self.target_bytes = float(target_bytes)  # the share controller's target per step (0: off)
+        self.ctl = np.zeros(batch)  # float64, updated in place only (the native step holds a pointer)
         self.native = bool(native)
         self.state = None
         if self.native:
@@ -330,10 +350,11 @@ class UnitRouter:
                   "entropy": self.entropy, "grad": self.grad, "last": self._last,
                   "norms": np.zeros((batch, L + 1)), "step_entropy": np.zeros(batch),
                   "bytes_saved": np.zeros(batch, dtype=np.int64), "units_bypassed": np.zeros(batch, dtype=np.int64),
-                  "counts": self._counts, "times": self._times}
+                  "counts": self._counts, "times": self._times, "ctl": self.ctl}
         self.state = decode_native.RouterState(
             batch, L, arrays, entropy_ref=float(self.calib.entropy_ref), ent_alpha=ENTROPY_EMA_ALPHA,
-            tau_min=TAU_MIN, tau_max=TAU_MAX, f_lo=FACTOR_LO, f_hi=FACTOR_HI, block_bytes=float(self.block_bytes))
+            tau_min=TAU_MIN, tau_max=TAU_MAX, f_lo=FACTOR_LO, f_hi=FACTOR_HI, block_bytes=float(self.block_bytes),
+            target_bytes=self.target_bytes, ctl_gain=CTL_GAIN, ctl_max=CTL_MAX)
         self.gate.router_state = self.state
         self._bound = None  # the engine's per-row counters the state writes into
         self._active_src = None
@@ -380,27 +401,32 @@ class UnitRouter:
         entropy, grad = (self.entropy, self.grad) if state is None else state
         f_ent = entropy_factor(entropy, self.calib.entropy_ref)
         f_grad = gradient_factor(grad, self.calib.grad_ref)
-        tau = np.clip(self.base[:, None] * f_ent[:, None] * f_grad, TAU_MIN, TAU_MAX)
+        tau = np.clip((self._steered_base() * f_ent)[:, None] * f_grad, TAU_MIN, TAU_MAX)
         return np.clip(np.repeat(tau, 2, axis=1) * self.tau_weight, TAU_MIN, TAU_MAX), f_ent, f_grad
+
+    def _steered_base(self) -> np.ndarray:
+        return self.base * np.exp(self.ctl) if self.target_bytes > 0 else self.base
 
     def plan(self, active: np.ndarray):
         """Set this step's thresholds in the gate and return it (model.decode_step(gate=...)).
         ``active`` [B] False for a degraded row: it vetoes every bypass in the batch.
         The same numbers as thresholds(), in fewer numpy calls (this runs every token)."""
+        self._plan_active = np.asarray(active, bool)
         if not active.all():
             self._log_tau[:] = -np.inf
             return self.gate
         f_ent = np.clip(self._ent_num / (self.entropy + 0.5), FACTOR_LO, FACTOR_HI)
         excess = np.maximum(self.grad * self._inv_grad_ref - 1.0, 0.0)
         f_grad = np.maximum(1.0 / (1.0 + 2.0 * excess), FACTOR_LO)  # <= 1 by construction
-        tau = np.clip((self.base * f_ent)[:, None] * f_grad, TAU_MIN, TAU_MAX)
+        tau = np.clip((self._steered_base() * f_ent)[:, None] * f_grad, TAU_MIN, TAU_MAX)
         np.log(np.clip(tau[:, self._unit_block] * self.tau_weight, TAU_MIN, TAU_MAX), out=self._lt)
         self._lt += self._protect  # -inf on blacklisted units
         self._log_tau[:] = self._lt
         return self.gate
 
-    def after_step(self) -> tuple[np.ndarray, int]:
-        """What the step decided: bypassed units [2L] (bool) and the weight bytes not read per row."""
+    def after_step(self, done: Sequence[bool] | None = None) -> tuple[np.ndarray, int]:
+        """What the step decided: bypassed units [2L] (bool) and the weight bytes not read per row;
+        with the share controller on, steers the rows not ``done`` (``steer``)."""
         by = self._decisions.astype(bool)
         saved = int(self.unit_bytes[by].sum())
         c = self._counts
@@ -409,7 +435,19 @@ class UnitRouter:
         c[2], c[3] = saved, int(by.sum())
         c[4] += saved
         self._last[:] = by
+        if self.target_bytes > 0:
+            self.steer(saved, done)
         return by, saved
+
+    def steer(self, saved: int, done: Sequence[bool] | None = None) -> None:
+        """The share controller's update after a step that did not read ``saved`` bytes (the C
+        step does the same in router_finish): rows not done and not degraded move their log
+        factor towards the target."""
+        live = np.ones(len(self.ctl), bool) if done is None else ~np.asarray(done, bool)
+        if getattr(self, "_plan_active", None) is not None:
+            live &= self._plan_active
+        step = CTL_GAIN * (self.target_bytes - saved) / self.target_bytes
+        self.ctl[live] = np.clip(self.ctl[live] + step, -CTL_MAX, CTL_MAX)
 
     def scores(self) -> np.ndarray:
         """The last step's scores in nats [B, 2L] (0 for a unit a fixed flag bypassed)."""

@@ -72,13 +72,21 @@ class UnitRouting:
         f_density = np.array([density_factor(self._density(r.prompt, r.ids), cal.density_ref) for r in rows])
         wm = sample_watermark()[0] if cfg.hardware_watermark is None else cfg.hardware_watermark
         ub, bb = self.unit_bytes()
-        internal = cfg.sensitivity if self._raw_unit_scale else self.sensitivity_scale().internal_for(cfg.sensitivity)
+        if self._raw_unit_scale:  # curves and the scale's own fit: the fixed threshold, no controller
+            internal, target = cfg.sensitivity, 0.0
+        else:  # the user scale: the calibrated threshold to start from, the controller holds the share
+            from .sensitivity_scale import decode_bytes_per_token
+
+            scale = self.sensitivity_scale()
+            internal = scale.internal_for(cfg.sensitivity)
+            target = scale.target_share(cfg.sensitivity) * decode_bytes_per_token(self)
         blacklist = cfg.blacklist_for(self.dims.n_layers)
         native = self.decode_kernel == "native"
         lam = router_mod.UNIT_PRIOR_LAMBDA
         if lam is None:  # the free router: ``internal`` scales its threshold (nats per block's worth)
             router = UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(pred.bias), ub, bb, len(rows),
-                                internal, cfg.tau0, blacklist, f_density, watermark_factor(wm), native=native)
+                                internal, cfg.tau0, blacklist, f_density, watermark_factor(wm), native=native,
+                                target_bytes=target)
         else:  # ``internal`` is the share of unit bytes that are candidates; the threshold stays nominal
             candidates, bias = router_mod.static_prior(pred.impact, ub, blacklist, internal, pred.bias, cfg.tau0, lam,
                                                       floor=up.KL_FLOOR)
@@ -177,7 +185,7 @@ class UnitRouting:
         logits = decode_step(self.weights, cache, tok, next_pos, key_valid, None, self._bypass, stream,
                              kernel=self.decode_kernel, gate=gate, unit_bypass=self.unit_maps())
         t2 = time.perf_counter()
-        by, saved = router.after_step()
+        by, saved = router.after_step(done)
         bytes_saved += np.where(not_done, saved, 0)
         units_bypassed += np.where(not_done, int(by.sum()), 0)
         executed_trace.append(self.dims.n_layers - saved / block_bytes)

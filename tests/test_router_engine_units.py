@@ -49,6 +49,56 @@ def test_the_user_sensitivity_goes_through_the_weights_scale(unit_engine):
         unit_engine._raw_unit_scale = True
 
 
+def test_a_user_scale_request_steers_to_the_share_asked_and_a_raw_one_does_not(unit_engine, monkeypatch):
+    """The router of a user-scale request carries the controller's target (the share the
+    sensitivity asks for, in bytes of a decode token); curves' raw-scale requests carry none."""
+    from reference_engine.sensitivity_scale import SensitivityScale, decode_bytes_per_token
+
+    made = []
+    make = type(unit_engine)._make_unit_router
+    monkeypatch.setattr(type(unit_engine), "_make_unit_router",
+                        lambda self, *a, **k: made.append(make(self, *a, **k)) or made[-1])
+    _gen(unit_engine, sensitivity=0.5)  # the fixture's raw scale
+    unit_engine._sensitivity_scale = SensitivityScale(unit_engine.weights_sha256, ((0.05, 0.02), (0.5, 0.1), (2.0, 0.3)))
+    unit_engine._raw_unit_scale = False
+    try:
+        _gen(unit_engine, sensitivity=0.5)
+    finally:
+        unit_engine._sensitivity_scale = None
+        unit_engine._raw_unit_scale = True
+    assert made[0].target_bytes == 0.0 and not made[0].ctl.any()
+    assert made[1].target_bytes == pytest.approx(0.1 * decode_bytes_per_token(unit_engine))
+
+
+def test_the_share_controller_moves_the_threshold_by_the_bytes_missed(tiny_engine):
+    """steer: an integral step of CTL_GAIN x (target - saved) / target on the log threshold of rows
+    that are live, clamped to +-CTL_MAX; plan applies it as a factor exp(ctl) before the clamp."""
+    from reference_engine import router as rm
+    from reference_engine.router import RouterCalibration, UnitRouter
+
+    L, D = tiny_engine.dims.n_layers, tiny_engine.dims.hidden
+    cal = RouterCalibration(impact=np.full(L, 0.01), rel_mean=np.full(L, 0.1), grad_ref=np.full(L, 1.0),
+                            entropy_ref=2.5, density_ref=0.3)
+    ub, bb = tiny_engine.unit_bytes()
+    r = UnitRouter(cal, torch.zeros(2 * L, D), torch.zeros(2 * L), ub, bb, 2, 0.5, 0.02, frozenset(),
+                   np.ones(2), 1.0, target_bytes=1000.0)
+    tau0, _, _ = r.thresholds()
+    r.plan(np.ones(2, bool))
+    r.steer(0)  # nothing saved: both rows raise their threshold
+    assert r.ctl == pytest.approx([rm.CTL_GAIN, rm.CTL_GAIN])
+    tau1, _, _ = r.thresholds()
+    assert tau1 == pytest.approx(tau0 * np.exp(rm.CTL_GAIN))
+    r.steer(3000, done=[False, True])  # twice the target too much: row 0 lowers, the done row 1 stays
+    assert r.ctl == pytest.approx([rm.CTL_GAIN - 2 * rm.CTL_GAIN, rm.CTL_GAIN])
+    for _ in range(100):
+        r.steer(0)
+    assert r.ctl == pytest.approx([rm.CTL_MAX, rm.CTL_MAX])
+    r.plan(np.array([True, False]))  # row 1 degraded: it vetoes the step and is not steered
+    before = r.ctl.copy()
+    r.steer(0)
+    assert r.ctl[1] == before[1]
+
+
 def _gen(engine, **kw):
     kw.setdefault("log_level", "NONE")
     kw.setdefault("hardware_watermark", 0.0)

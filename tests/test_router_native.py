@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(NO_NATIVE is not None, reason=NO_NATIVE or "")
 STEPS = 8
 
 
-def _router(engine, batch, native, sensitivity=0.6, blacklist=frozenset({1})):
+def _router(engine, batch, native, sensitivity=0.6, blacklist=frozenset({1}), target_bytes=0.0):
     """A UnitRouter with a random gate whose scores straddle the thresholds (some units go, most not),
     and a gradient reference small enough that the gradient factor moves."""
     d = engine.dims
@@ -41,7 +41,7 @@ def _router(engine, batch, native, sensitivity=0.6, blacklist=frozenset({1})):
     b = torch.empty(2 * L).uniform_(-5.0, -2.5, generator=tg)
     ub, bb = engine.unit_bytes()
     return UnitRouter(cal, w, b, ub, bb, batch, sensitivity, 0.08, blacklist,
-                      np.linspace(0.8, 1.2, batch), 1.0, native=native)
+                      np.linspace(0.8, 1.2, batch), 1.0, native=native, target_bytes=target_bytes)
 
 
 def _drive(engine, router, ids_rows, active, done_at=None):
@@ -71,13 +71,14 @@ def _drive(engine, router, ids_rows, active, done_at=None):
             gate = router.plan(active)
             logits = decode_step(engine.weights, cache, tok, pos, valid, None, None, stream, kernel="native",
                                  gate=gate)
-            by, saved = router.after_step()
+            by, saved = router.after_step(done)
             not_done = ~np.array(done)
             bytes_saved += np.where(not_done, saved, 0)
             units += np.where(not_done, int(by.sum()), 0)
             router.observe_step(stream, logits, by)
         snaps.append({"log_tau": gate.log_tau.clone(), "decisions": by.copy(), "entropy": router.entropy.copy(),
-                      "grad": router.grad.copy(), "logits": logits.clone(), "flips": router.flips})
+                      "grad": router.grad.copy(), "logits": logits.clone(), "flips": router.flips,
+                      "ctl": router.ctl.copy()})
     return snaps, bytes_saved, units
 
 
@@ -89,13 +90,18 @@ def _rows(engine, B):
             for b, r in enumerate(rows)]
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_in_c_router_matches_the_python_router(tiny_engine, batch):
+@pytest.mark.parametrize("batch,steered", [(1, False), (2, False), (1, True), (2, True)])
+def test_in_c_router_matches_the_python_router(tiny_engine, batch, steered):
+    """The C step's bookkeeping equals the Python router's, with and without the share controller
+    (``steered``: a target of a third of the unit bytes per step, which the random gate misses, so
+    the controller's factor moves)."""
     rows = _rows(tiny_engine, batch)
     active = np.ones(batch, dtype=bool)
     done_at = {1: 5} if batch == 2 else None  # row 1 finishes after 5 steps: its counts stop there
-    py, bs_py, u_py = _drive(tiny_engine, _router(tiny_engine, batch, native=False), rows, active, done_at)
-    rn = _router(tiny_engine, batch, native=True)
+    target = float(tiny_engine.unit_bytes()[0].sum()) / 3 if steered else 0.0
+    py, bs_py, u_py = _drive(tiny_engine, _router(tiny_engine, batch, native=False, target_bytes=target), rows,
+                             active, done_at)
+    rn = _router(tiny_engine, batch, native=True, target_bytes=target)
     nat, bs_nat, u_nat = _drive(tiny_engine, rn, rows, active, done_at)
     n_by = sum(int(s["decisions"].sum()) for s in py)
     assert 0 < n_by < len(py) * py[0]["decisions"].size  # some units bypassed, not all
@@ -109,12 +115,17 @@ def test_in_c_router_matches_the_python_router(tiny_engine, batch):
         assert np.allclose(a["grad"], b["grad"], atol=1e-5, rtol=1e-4)
         assert torch.equal(a["logits"], b["logits"])  # same kernel, same decisions
         assert a["flips"] == b["flips"]
+        assert np.allclose(a["ctl"], b["ctl"], atol=1e-12, rtol=0)
+    assert (np.abs(py[-1]["ctl"]) > 0).any() == steered  # the controller moved only where it is on
+    if steered and batch == 2:  # a finished row's factor stops where it was
+        assert py[-1]["ctl"][1] == py[5]["ctl"][1] != py[-1]["ctl"][0]
     assert np.array_equal(bs_py, bs_nat) and np.array_equal(u_py, u_nat)
     if batch == 2:
         assert bs_nat[1] < bs_nat[0] or n_by == 0
     # the Python views of the C-updated state give the Python numbers
-    tau_py, f_ent, f_grad = _router(tiny_engine, batch, native=False).thresholds(
-        (py[-1]["entropy"], py[-1]["grad"]))
+    fresh = _router(tiny_engine, batch, native=False, target_bytes=target)
+    fresh.ctl[:] = rn.ctl
+    tau_py, f_ent, f_grad = fresh.thresholds((py[-1]["entropy"], py[-1]["grad"]))
     tau_nat, _, _ = rn.thresholds()
     assert np.allclose(tau_py, tau_nat, atol=1e-7, rtol=1e-5)
     assert rn.native_time_s() > 0 and rn._times[1] >= rn.native_time_s()

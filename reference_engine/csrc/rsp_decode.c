@@ -19,6 +19,8 @@
  * the stream entering it (unit_down / unit_up / unit_rank, [2L] each, NULL entries for none). When
  * unit maps are given they replace the whole-block map in the unit path.
  *
+ * Share controller (ABI 6): rsp_router carries a per-row log factor on the threshold, steered after
+ * each step towards a target of bytes not read (router.UnitRouter's docstring).
  * Router state (ABI 4): with an rsp_router (rsp_router.h, included below) the unit router's
  * thresholds, norms, entropy and counters are computed in this call too, and timed.
  *
@@ -50,7 +52,7 @@ typedef struct {
         *const *w_down;
 } rsp_model;
 
-int rsp_abi_version(void) { return 5; }
+int rsp_abi_version(void) { return 6; }
 
 int rsp_simd_width(void) {
 #if defined(__AVX512F__)

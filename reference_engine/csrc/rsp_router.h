@@ -13,6 +13,7 @@
 typedef struct {
     int64_t B, L;
     double entropy_ref, ent_alpha, tau_min, tau_max, f_lo, f_hi, block_bytes;
+    double target_bytes, ctl_gain, ctl_max; /* the share controller (ABI 6); target_bytes 0: off */
     const double *inv_grad_ref;  /* [L] 1 / max(grad_ref, 1e-6) */
     const double *base;          /* [B] tau0 * f_density * f_watermark * sensitivity / 0.5 */
     const double *tau_weight;    /* [2L] bytes share (or 1) */
@@ -31,6 +32,7 @@ typedef struct {
                                     [4] total bytes (per row that ran every step) */
     double *times;               /* [0] this step's router seconds, [1] total, [2] plan, [3] gate,
                                     [4] norms, [5] entropy, [6] observe (the last five summed) */
+    double *ctl;                 /* [B] log factor on the threshold from the share controller, updated */
 } rsp_router;
 
 #define RSP_ENT_CHUNKS 64
@@ -49,7 +51,7 @@ static void router_plan(rsp_router *r, float *log_tau) {
     for (int64_t b = 0; b < B; b++) {
         double f_ent = (r->entropy_ref + 0.5) / (r->entropy[b] + 0.5);
         f_ent = f_ent < r->f_lo ? r->f_lo : (f_ent > r->f_hi ? r->f_hi : f_ent);
-        const double bf = r->base[b] * f_ent;
+        const double bf = r->base[b] * f_ent * (r->target_bytes > 0.0 ? exp(r->ctl[b]) : 1.0);
         for (int64_t l = 0; l < L; l++) {
             double excess = r->grad[b * L + l] * r->inv_grad_ref[l] - 1.0;
             excess = excess > 0.0 ? excess : 0.0;
@@ -237,6 +239,10 @@ static void router_finish(rsp_router *r, const uint8_t *decisions) {
     r->counts[4] += saved;
     for (int64_t b = 0; b < B; b++) {
         if (!r->row_done[b]) r->bytes_saved[b] += saved, r->units_bypassed[b] += units;
+        if (r->target_bytes > 0.0 && !r->row_done[b] && r->active[b]) {  /* router.UnitRouter.steer */
+            double c = r->ctl[b] + r->ctl_gain * (r->target_bytes - (double)saved) / r->target_bytes;
+            r->ctl[b] = c < -r->ctl_max ? -r->ctl_max : (c > r->ctl_max ? r->ctl_max : c);
+        }
         const double *n = r->norms + b * (L + 1);
         for (int64_t l = 0; l < L; l++)
             if (!(decisions[2 * l] && decisions[2 * l + 1])) {
