@@ -68,9 +68,13 @@ def load_curve(folder: str | Path, name: str = CURVE_FILE) -> dict[str, Any] | N
 def curve_title(curve: Mapping[str, Any]) -> str:
     source = curve.get("held_out_source")
     prompts = f"held-out prompts of {Path(source).name}" if source else "development prompts (built-in)"
+    rep = curve.get("predictor_report") or {}
+    # which predictor ran: older curves are of older predictors, and the board shows them all
+    predictor = (f", predictor of {rep['prompts']} prompts, {rep.get('labels', 'sequence')} labels"
+                 if rep.get("prompts") else "")
     return (f"Unit router vs static and random removal at equal weight bytes ({curve.get('model', '?')}, "
             f"{curve.get('held_out_prompts', '?')} {prompts} x {curve.get('tokens', '?')} tokens, "
-            f"{curve.get('kernel', '?')} kernel, {curve.get('threads', '?')} thread(s))")
+            f"{curve.get('kernel', '?')} kernel, {curve.get('threads', '?')} thread(s){predictor})")
 
 
 def curve_rows(curve: Mapping[str, Any]) -> list[list[str]]:

@@ -386,10 +386,12 @@ def test_each_router_curve_file_is_shown_titled_with_its_held_out_prompts(tmp_pa
     for r in _records():
         write_record(r, results)
     (results / "router_curve.json").write_text(json.dumps(_curve()))
-    fresh = {**_curve(), "held_out_source": "fixtures/router_curve/heldout_x.jsonl"}
+    fresh = {**_curve(), "held_out_source": "fixtures/router_curve/heldout_x.jsonl",
+             "predictor_report": {"prompts": 164, "labels": "token"}}
     (results / "router_curve_heldout_x.json").write_text(json.dumps(fresh))
     md = write_leaderboard(results, tmp_path / "out")["md"].read_text()
-    dev = md.index("3 development prompts (built-in) x 8 tokens")
-    new = md.index("3 held-out prompts of heldout_x.jsonl x 8 tokens")
+    dev = md.index("3 development prompts (built-in) x 8 tokens, torch kernel, 1 thread(s))")  # no predictor report
+    new = md.index("3 held-out prompts of heldout_x.jsonl x 8 tokens, torch kernel, 1 thread(s), "
+                   "predictor of 164 prompts, token labels)")  # which predictor ran
     assert dev < new  # router_curve.json first, then the others by name
     assert "Held-out prompts: fixtures/router_curve/heldout_x.jsonl." in md
