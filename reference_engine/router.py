@@ -332,6 +332,7 @@ class UnitRouter:
         self.time_s = 0.0  # router time of the latest step (plan + after_step + observe), set by the engine
         self.target_bytes = float(target_bytes)  # the share controller's target per step (0: off)
         self.ctl = np.zeros(batch)  # float64, updated in place only (the native step holds a pointer)
+        self._plan_active: np.ndarray | None = None  # the rows plan() saw active (degraded rows are not steered)
         self.native = bool(native)
         self.state = None
         if self.native:
@@ -444,7 +445,7 @@ class UnitRouter:
         step does the same in router_finish): rows not done and not degraded move their log
         factor towards the target."""
         live = np.ones(len(self.ctl), bool) if done is None else ~np.asarray(done, bool)
-        if getattr(self, "_plan_active", None) is not None:
+        if self._plan_active is not None:
             live &= self._plan_active
         step = CTL_GAIN * (self.target_bytes - saved) / self.target_bytes
         self.ctl[live] = np.clip(self.ctl[live] + step, -CTL_MAX, CTL_MAX)

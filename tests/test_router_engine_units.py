@@ -58,16 +58,17 @@ def test_a_user_scale_request_steers_to_the_share_asked_and_a_raw_one_does_not(u
     make = type(unit_engine)._make_unit_router
     monkeypatch.setattr(type(unit_engine), "_make_unit_router",
                         lambda self, *a, **k: made.append(make(self, *a, **k)) or made[-1])
-    _gen(unit_engine, sensitivity=0.5)  # the fixture's raw scale
+    raw = _gen(unit_engine, sensitivity=0.5)  # the fixture's raw scale
     unit_engine._sensitivity_scale = SensitivityScale(unit_engine.weights_sha256, ((0.05, 0.02), (0.5, 0.1), (2.0, 0.3)))
     unit_engine._raw_unit_scale = False
     try:
-        _gen(unit_engine, sensitivity=0.5)
+        user = _gen(unit_engine, sensitivity=0.5)
     finally:
         unit_engine._sensitivity_scale = None
         unit_engine._raw_unit_scale = True
     assert made[0].target_bytes == 0.0 and not made[0].ctl.any()
     assert made[1].target_bytes == pytest.approx(0.1 * decode_bytes_per_token(unit_engine))
+    assert raw.stats["unit_share_steer"] is None and user.stats["unit_share_steer"] == float(made[1].ctl[0])
 
 
 def test_the_share_controller_moves_the_threshold_by_the_bytes_missed(tiny_engine):
