@@ -7,9 +7,10 @@ scale / 0.5, in nats per block's worth of bytes; router.UnitRouter without the s
 default since predictor version 3); which units go on a token depends on the text, so no
 internal value holds a share on every prompt: the scale is *calibrated*, per weights, on
 free-running greedy generation of ``TUNE_PROMPTS`` at batch 1 (the detector suspended, watermark
-pinned to 0), and maps s to the internal value whose mean share there is the target. On other
-text the share differs; the README gives the measured spread on prompts that chose nothing
-(``rsp-bench sensitivity-scale``).
+pinned to 0), and maps s to the internal value whose mean share there is the target. That value
+is where a request starts: the router's share controller (router.UnitRouter.steer) then moves each
+request's threshold towards the target share, so other text lands near it too; the README gives
+the measured spread on prompts that chose nothing (``rsp-bench sensitivity-scale``).
 
 The block router (``router="block"``, the comparison row) keeps its own meaning (tau0 * sensitivity / 0.5).
 

@@ -73,7 +73,8 @@ def extra_training_prompts(through: str) -> list[str]:
     always counts), none of them a curve prompt (development or blind), in a fixed shuffle. The
     list depends on the splits it reads, so every use names its last split: the label cache of
     ``router_allocation.py --extra`` read through 2026-12-05b (406 requests); the first 116 through
-    2026-12-05c (455) are frozen in fixtures/router_training/plain_en.jsonl, the predictor's."""
+    2026-12-05c (455) are frozen in reference_engine/data/training_text/plain_en.jsonl, the
+    packaged predictor's training text."""
     folders = sorted((ROOT / "fixtures").glob("degradation_heldout*"))
     if not any(f.name.endswith(through) for f in folders):
         raise ValueError(f"no degradation split dated {through!r} under fixtures/")

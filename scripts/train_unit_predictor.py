@@ -15,7 +15,6 @@ Must not be imported by the engine or the harness; it records a design decision.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,6 @@ from pathlib import Path
 from reference_engine import Engine
 from reference_engine import unit_predictor as up
 
-EXTRA_FILE = up.TRAINING_TEXT_FILE
 
 
 def main() -> int:
@@ -32,9 +30,10 @@ def main() -> int:
     ap.add_argument("--extra", type=int, default=0, help="plain English requests added to the training prompts")
     ap.add_argument("--out", type=Path, required=True, help="folder to write unit_predictor/<sha16>-v<N>.npz into")
     args = ap.parse_args()
-    extra = [json.loads(line)["text"] for line in EXTRA_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    extra = up.training_prompts()[len(up.TRAIN_PROMPTS):]  # the packaged extra text, read by its one loader
     if not 0 <= args.extra <= len(extra):
-        print(f"error: --extra must be 0-{len(extra)} (the requests in {EXTRA_FILE}), got {args.extra}", file=sys.stderr)
+        print(f"error: --extra must be 0-{len(extra)} (the requests in {up.TRAINING_TEXT_FILE}), got {args.extra}",
+              file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     engine = Engine.load(None)
