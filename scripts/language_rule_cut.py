@@ -4,7 +4,7 @@ plain requests in the languages pruning does not hurt more, and what would it co
 The language rule (reference_engine/degradation/language_rule.py) spares Latin-script plain
 requests from 7.20 nats of mean prompt loss: the lowest cut where the plain requests at or above
 it are, pooled, hurt no more than English's. Per language the picture differs: with 8 plain
-requests a language (results/language_rule_fit.json, three fit splits), a one-sided permutation
+requests a language (results/language_rule_fit_predictor_v2.json, three fit splits), a one-sided permutation
 test of per-item KL against English's (``rsp_bench.metrics.permutation_mean_greater_p``, p >= 0.05, as ``rsp-bench degradation``) finds
 25 languages not hurt more, most of them Latin-script languages the model reads poorly (Welsh,
 Swahili, Estonian, Finnish, Croatian, Lithuanian), which the score degrades, while the ones it
@@ -15,7 +15,10 @@ packaged cut and margin equal the engine's on every item, asserted).
 
     python scripts/language_rule_cut.py [--cache /tmp/ood_design.pkl] [--out results/language_rule_cut_dev.json]
 
-Must not be imported by the engine or the harness; it records a design decision.
+Must not be imported by the engine or the harness; it records a design decision of stop 43, made on
+the rule and fit rows of the predictor-v2 default (``results/language_rule_fit_predictor_v2.json``).
+Since stop 45 the packaged rule, refitted to the v3 default, spares no script, so the offline
+decisions equal the engine's only at the commits before that refit (1847a26 and earlier).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def main() -> int:
     det, rule = engine.ood_detector(), engine.language_rule()
     texts = {(split, x["id"]): x["text"] for split in od.DEV_SPLITS
              for x in map(json.loads, (ROOT / "fixtures" / split / "prompts.jsonl").read_text().splitlines())}
-    fit = json.loads((ROOT / "results" / "language_rule_fit.json").read_text())["rows"]
+    fit = json.loads((ROOT / "results" / "language_rule_fit_predictor_v2.json").read_text())["rows"]
     kl = defaultdict(list)
     for r in fit:
         kl[r["lang"]].append(r["kl_mean"])

@@ -73,7 +73,8 @@ def test_the_packaged_rule_loads_for_the_embedded_weights():
     assert set(info["fitted_on"]).isdisjoint(info["chosen_on"])
     used = set(info["fitted_on"]) | set(info["chosen_on"])
     assert used.isdisjoint({"degradation_heldout_2026-12-04d", "degradation_heldout_2026-12-05",
-                            "degradation_heldout_2026-12-05b", "degradation_heldout_2026-12-05c"})  # reported blind
+                            "degradation_heldout_2026-12-05b", "degradation_heldout_2026-12-05c",
+                            "degradation_heldout_2026-12-05d"})  # reported blind
 
 
 class _FixedScore:
