@@ -3,10 +3,13 @@
 Each decode step either runs one plain full-model token (``model.decode_step`` on the engine's
 decode kernel, exactly what mode "off" runs) or drafts k tokens and checks them with ONE full forward pass over k+1 positions.
 
-- **Draft sources.** Prompt lookup: the last n tokens (n = 3, 2, 1) are looked up in the prompt
+- **Draft sources.** Prompt lookup: the last n tokens (n = 4 .. 1) are looked up in the prompt
   plus the output so far, and the tokens that followed their latest earlier occurrence are copied
   (an incremental n-gram table: a lookup is O(1); copying past the end repeats the period,
-  LZ77-style, so loops draft well). "copy": when a pass accepted every draft and the verifier's
+  LZ77-style, so loops draft well). Each match is a source of its own by n and by class: "u"
+  every earlier occurrence was followed by the same token, "o" one earlier occurrence, "x" they
+  differed (acceptance 0.08-0.25 for a mixed 1-gram, 0.7-0.9 for a unanimous one on development
+  extraction prompts), so the cost model drafts where a match is trustworthy. "copy": when a pass accepted every draft and the verifier's
   own token also matched the source, the next pass simply continues that span. The pruned path:
   ``decode_step`` with a static plan bypassing the calibrated least-harmful quarter of the
   non-blacklisted blocks (with their bypass maps), writing K/V into the very cache positions the
@@ -99,7 +102,7 @@ class DraftPolicy:
     needed before drafting. verify_beta / pruned_cost: pin the cost model (a k-draft verify costs
     1 + verify_beta * k plain steps, a pruned draft token pruned_cost; None: measured online).
     priors: prior acceptance per source ("copy": continuing a span the last pass copied in full,
-    "lookup3", "lookup2", "lookup1": a fresh n-gram match, "pruned"), worth ``prior_weight``
+    "lookup<n><class>": a fresh n-gram match of a class in MATCH_CLASSES, "pruned"), worth ``prior_weight``
     observations. force: "lookup" or "pruned" drafts from that source at its longest length on
     every step it can, ignoring the cost model (tests).
     margin_eps: the torch verify's certificate threshold (logits). verify: "native" (exact C pass,
@@ -113,12 +116,12 @@ class DraftPolicy:
     pruned: bool = True
     max_lookup: int = 12
     max_pruned: int = 4
-    ngram_max: int = 3
+    ngram_max: int = 4
     min_gain: float = 1.05
     verify_beta: float | None = None
     pruned_cost: float | None = None
     priors: dict[str, float] = field(default_factory=lambda: {
-        "copy": 0.75, "lookup3": 0.6, "lookup2": 0.45, "lookup1": 0.3, "pruned": 0.5})
+        "copy": 0.75, "pruned": 0.5, **_lookup_priors()})
     prior_weight: float = 2.0
     force: str | None = None
     margin_eps: float = MARGIN_EPS
@@ -229,13 +232,32 @@ def _best_k(a: float, draft_cost: float, verify: list[float]) -> tuple[int, floa
     return best
 
 
+# A fresh match is classed by what followed its n-gram before: "u" every earlier occurrence was
+# followed by the same token (two or more), "o" the n-gram occurred once, "x" continuations differed.
+# Acceptance differs by class far more than by n (development prompts, scripts/lossless_policy_dev.py:
+# n = 1 "x" 0.08-0.25, "u" 0.70-0.93), so each (n, class) is a draft source with its own estimate.
+MATCH_CLASSES = ("u", "o", "x")
+
+
+def _lookup_priors(n_max: int = 8) -> dict[str, float]:
+    """Prior acceptance of each lookup source, from the development table (longer n: higher)."""
+    out = {}
+    for n in range(1, n_max + 1):
+        out[f"lookup{n}u"] = min(0.85 + 0.03 * (n - 1), 0.95)
+        out[f"lookup{n}o"] = min(0.45 + 0.1 * (n - 1), 0.8)
+        out[f"lookup{n}x"] = min(0.15 + 0.1 * (n - 1), 0.45)
+    return out
+
+
 class NgramIndex:
-    """Latest continuation start of every 1..n_max-gram of a growing token sequence."""
+    """Latest continuation start of every 1..n_max-gram of a growing token sequence, and whether
+    its continuations so far agreed."""
 
     def __init__(self, tokens: list[int], n_max: int) -> None:
         self.n_max = n_max
         self.seq: list[int] = []
-        self.table: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_max + 1)]
+        # n-gram -> [latest continuation start, first continuation token, all agreed, occurrences]
+        self.table: list[dict[tuple[int, ...], list]] = [{} for _ in range(n_max + 1)]
         for t in tokens:
             self.append(t)
 
@@ -245,14 +267,32 @@ class NgramIndex:
         end = len(seq) - 1  # the n-grams ending just before ``tok`` now have a continuation
         for n in range(1, self.n_max + 1):
             if end - n >= 0:
-                self.table[n][tuple(seq[end - n:end])] = end
+                key = tuple(seq[end - n:end])
+                entry = self.table[n].get(key)
+                if entry is None:
+                    self.table[n][key] = [end, tok, True, 1]
+                else:
+                    entry[0] = end
+                    entry[2] = entry[2] and entry[1] == tok
+                    entry[3] += 1
 
-    def match(self, n: int) -> int | None:
-        """Where the tokens after the latest earlier occurrence of the last n tokens start."""
+    def _entry(self, n: int) -> list | None:
         seq = self.seq
         if len(seq) < n:
             return None
         return self.table[n].get(tuple(seq[len(seq) - n:]))
+
+    def match(self, n: int) -> int | None:
+        """Where the tokens after the latest earlier occurrence of the last n tokens start."""
+        entry = self._entry(n)
+        return None if entry is None else entry[0]
+
+    def match_class(self, n: int) -> str | None:
+        """The class of the last n tokens' match (MATCH_CLASSES), None without one."""
+        entry = self._entry(n)
+        if entry is None:
+            return None
+        return "o" if entry[3] == 1 else ("u" if entry[2] else "x")
 
     def copy(self, j: int, k: int) -> list[int]:
         """k tokens from position j on; past the end the copy repeats itself (LZ77-style)."""
@@ -331,7 +371,8 @@ class _RowDecoder:
         self.clean = 0  # positions [0, clean) hold K/V from exactly the off path's arithmetic
         self.out: list[int] = []
         self.copy_from: int | None = None  # source position when the output is copying a span
-        names = ["copy"] + [f"lookup{n}" for n in range(1, policy.ngram_max + 1)] + ["pruned"]
+        names = (["copy"] + [f"lookup{n}{c}" for n in range(1, policy.ngram_max + 1) for c in MATCH_CLASSES]
+                 + ["pruned"])
         self.shared: dict[str, _Acceptance] = {}
         if policy.learn_priors:  # a request starts from what this engine saw lately
             self.shared = {n: costs.engine_prior(n, policy.priors.get(n, 0.3), policy.prior_weight) for n in names}
@@ -443,7 +484,7 @@ class _RowDecoder:
             drafts = self._pruned_drafts(k)
             blocks += k * sum(self.keep)
         else:
-            src = self.copy_from if source == "copy" else self.index.match(int(source[len("lookup"):]))
+            src = self.copy_from if source == "copy" else self.index.match(int(source[len("lookup"):-1]))
             drafts = self.index.copy(src, k + 1)
             follow, drafts = drafts[k], drafts[:k]
         t0 = time.perf_counter()
@@ -546,7 +587,10 @@ class _RowDecoder:
         best_gain = pol.min_gain
         if pol.lookup:
             names = ["copy"] if self.copy_from is not None else []
-            names += [f"lookup{n}" for n in range(pol.ngram_max, 0, -1) if self.index.match(n) is not None]
+            for n in range(pol.ngram_max, 0, -1):
+                c = self.index.match_class(n)
+                if c is not None:
+                    names.append(f"lookup{n}{c}")
             for name in names:
                 if pol.force == "lookup":
                     return name, min(pol.max_lookup, room)

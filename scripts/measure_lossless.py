@@ -46,7 +46,8 @@ from reference_engine.generation import PromptRow  # noqa: E402
 from reference_engine.model import KVCache, prefill  # noqa: E402
 from reference_engine.decode_native import verify_native  # noqa: E402
 from reference_engine.speculative import _COSTS, DraftPolicy, generate_lossless, verify_forward, verify_kind  # noqa: E402
-from rsp_bench.datasets import load_prompts, load_squad, quick_subset, squad_prompt  # noqa: E402
+from rsp_bench.datasets import load_prompts, load_squad, quick_subset, read_jsonl, squad_prompt  # noqa: E402
+from rsp_bench.errors import HarnessInputError  # noqa: E402
 
 ENGINES = ("off", "lossless", "hf-pld")
 CHUNKS = (2, 5, 3, 8, 4, 6)  # verify pass sizes cycled in the perturbation study
@@ -204,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="model folder or .gguf (default: the embedded SmolLM2-135M)")
     ap.add_argument("--squad", type=int, default=32, help="SQuAD prompts (seeded subset)")
     ap.add_argument("--free", type=int, default=48, help="free-generation prompts (file order)")
+    ap.add_argument("--prompts", type=Path, default=None,
+                    help="a JSONL file of extraction prompts (field text) timed as the set 'prompts' "
+                         "(e.g. a held-out set; then --squad 0 --free 0 time it alone)")
     ap.add_argument("--tokens", type=int, default=64, help="max new tokens")
     ap.add_argument("--pld", type=int, default=10, help="prompt_lookup_num_tokens for transformers")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
@@ -221,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         "squad": [squad_prompt(x) for x in quick_subset(load_squad(), args.squad)],
         "free": [p.text for p in load_prompts()][:args.free],
     }
+    if args.prompts is not None:
+        try:
+            sets["prompts"] = [r["text"] for r in read_jsonl(args.prompts, {"id": str, "text": str})]
+        except HarnessInputError as exc:
+            ap.error(str(exc))
     sets = {name: prompts for name, prompts in sets.items() if prompts}
     try:
         verify = verify_kind(DraftPolicy(verify=args.verify), engine.decode_kernel)

@@ -198,7 +198,8 @@ def test_stats_consistency(varied, repeating):
             assert st["drafted"] == src["prompt_lookup"]["drafted"] + src["pruned"]["drafted"]
             assert st["accepted"] == src["prompt_lookup"]["accepted"] + src["pruned"]["accepted"]
             assert st["verify_passes"] == src["prompt_lookup"]["verify_passes"] + src["pruned"]["verify_passes"]
-            parts = ("copy", "n1", "n2", "n3")
+            parts = [k for k in src["prompt_lookup"] if k == "copy" or k[:1] == "n" and k[1:2].isdigit()]
+            assert len(parts) == 1 + 3 * DraftPolicy().ngram_max  # copy, then n-gram length x match class
             assert src["prompt_lookup"]["drafted"] == sum(src["prompt_lookup"][k]["drafted"] for k in parts)
             for s in (st, src["prompt_lookup"], src["pruned"]):
                 assert s["acceptance_rate"] == (s["accepted"] / s["drafted"] if s["drafted"] else 0.0)
@@ -246,6 +247,11 @@ def test_ngram_index():
     idx.append(5)
     assert idx.draft(3, 1) == [1]
     assert idx.match(2) == 7 and idx.copy(7, 2) == [1, 2]
+    # match classes: u (always followed by the same token, 2+ times), o (once), x (mixed)
+    assert idx.match_class(2) == "o"  # (2, 5) once before, followed by 1
+    assert NgramIndex([1, 2, 3, 1, 2, 4, 1, 2], 2).match_class(2) == "x"  # (1, 2) followed by 3, then 4
+    assert NgramIndex([4, 5, 9, 4, 5, 9, 4, 5], 2).match_class(2) == "u"  # (4, 5) followed by 9 twice
+    assert NgramIndex([4, 5, 9, 4], 2).match_class(1) == "o" and NgramIndex([4, 5], 2).match_class(1) is None
 
 
 def test_too_long_prompt_is_refused(varied):
