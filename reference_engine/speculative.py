@@ -48,14 +48,14 @@ but costs ~2.7 plain steps for 4 positions (LM head alone), i.e. no speed-up; co
 "off" with the multi-row kernels would break its equality with ``model.generate``. Instead every
 token chosen from perturbed arithmetic must show a top-1 minus top-2 logit margin of at least
 ``MARGIN_EPS`` = 2e-3. A flip needs a pairwise logit change above the margin, i.e. above
-2 x max |logit change|; measured on SmolLM2-135M fp32 (``scripts/measure_lossless.py``:
+2 x max |logit change|; measured on SmolLM2-135M fp32 (``rsp-bench lossless``:
 the off continuation pushed through 2..8-position verify passes), max |logit change| was ~1e-4
 and max margin change 4e-5, so the certificate has a >= 10x safety factor. A token without a
 certificate is recomputed exactly: the cache rolls back to the last position whose K/V came from
 exact single-token arithmetic and the tokens since are replayed through ``decode_step`` (then the
 off path bit for bit); the replay re-checks each token it passes (``certificate_failures``
 counts disagreements, which it then corrects). Without the certificate no flip was seen either;
-the measured rates are in the module docstring of ``scripts/measure_lossless.py``'s output and
+the measured rates are in the output of ``rsp-bench lossless`` and
 the report. The certificate is calibrated for fp32; half precision perturbs ~1000x more and would
 need a larger MARGIN_EPS (measure it with the script first).
 

@@ -462,6 +462,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
                          *lazy("router_curve_measure", "configure_parser", "run")),
         "sensitivity-scale": ("what each sensitivity means for the unit router, measured on a prompt file",
                               *lazy("sensitivity_cli", "configure_parser", "run")),
+        "lossless": ("lossless mode against pruning off: speed (interleaved) and exactness, on SQuAD, free or your prompts",
+                     *lazy("lossless_measure", "configure_parser", "run")),
         "tune": ("sweep sensitivity and recommend one", *lazy("tune", "configure_tune_parser", "run_tune")),
         "degradation": ("protective degradation on a held-out prompt file: rates, each error's cost, the check's cost",
                         *lazy("degradation_report", "configure_parser", "run")),
@@ -498,7 +500,8 @@ class _VersionAction(argparse.Action):
 # the flag as typed whatever the command's own module says later.
 _INPUT_FILES = {"gate": (("baseline", "--baseline"), ("run", "--run"), ("policy", "--policy")),
                 "compare": (("a", "RUN_A"), ("b", "RUN_B")),
-                "tune": (("from_table", "--from-table"),), "degradation": (("prompts", "--prompts"),)}
+                "tune": (("from_table", "--from-table"),), "degradation": (("prompts", "--prompts"),),
+                "lossless": (("prompts", "--prompts"),)}
 
 
 def _check_inputs(command: str, args: argparse.Namespace) -> None:

@@ -10,10 +10,10 @@ from the off output and the clock replaced by a cost table: a plain step 1, an S
 ``verify[S]`` plain steps, measured here on this machine at ``--threads`` (interleaved with plain
 steps, median of ``--cost-reps``). Speed-up of a prompt = its decode tokens / its replayed cost;
 the table gives the median over prompts and the aggregate. No timing noise, so small policy
-differences show; the chosen policy is then timed for real (scripts/measure_lossless.py).
+differences show; the chosen policy is then timed for real (rsp-bench lossless).
 
 Development prompts only: SQuAD (a seeded shuffle's first ``--squad``; the first 32 are the ones
-scripts/measure_lossless.py times) and the structured extraction set's documents. Never a held-out
+rsp-bench lossless times) and the structured extraction set's documents. Never a held-out
 set.
 
     python scripts/lossless_policy_dev.py --threads 2 --out results/lossless_policy_dev.json
