@@ -39,7 +39,8 @@ def test_training_and_curve_prompts_are_not_in_the_fixtures() -> None:
     # prompt, and no later file repeats an earlier one
     used = [q[:40].lower() for q in (*up.TRAIN_PROMPTS, *curve.TUNE_PROMPTS, *curve.HELD_OUT_PROMPTS)]
     for name, minimum in (("heldout_2026-12-03.jsonl", 16), ("heldout_2026-12-04.jsonl", 24),
-                          ("heldout_2026-12-04b.jsonl", 24), ("heldout_2026-12-05.jsonl", 24)):
+                          ("heldout_2026-12-04b.jsonl", 24), ("heldout_2026-12-05.jsonl", 24),
+                          ("heldout_2026-12-05b.jsonl", 24)):
         fresh = [json.loads(line)["text"] for line in
                  (ROOT / "fixtures" / "router_curve" / name).read_text(encoding="utf-8").splitlines() if line.strip()]
         assert len(fresh) >= minimum, name
