@@ -32,6 +32,16 @@ the threshold chosen for the same false-alarm rate moves up and every group degr
 one trade-off curve; none lifts odd inputs at the packaged false-alarm cost. The packaged free fit
 stays.
 
+The packaged score's own trade-off (stop 46, ``--threshold-sweep=-1,-0.75,-0.5,-0.25,0,0.25,0.5
+--out results/ood_threshold_sweep_dev.json``, a few seconds on the cache of 2026-12-05 01:02, the
+cached stats re-judged with the text rules and language rule that ship): over the eight development
+splits the detector as shipped degrades 985 of 1,071 odd inputs (0.920) and 44 of 1,364 data
+requests (0.032). Lowering the threshold buys odd inputs slowly and data requests fast: -0.25 gives
+0.939 odd for 0.050 data, -0.5 0.951 for 0.085, -1.0 0.962 for 0.200 (plain English 9 of 357).
+On the splits the detector was developed on, the score reaches 95% of odd inputs only at about
+three times the false alarms on data requests that issue 26 allows; on the blind splits (odd 0.56-0.76)
+it is further away. Moving the threshold is not the way to the odd-input target.
+
 Must not be imported by the engine or the harness; it records a design decision.
 """
 
@@ -258,12 +268,59 @@ def table(det: ood.OODDetector, items: list[dict]) -> dict:
     return out
 
 
+def threshold_sweep(engine: Engine, det: ood.OODDetector, items: list[dict], offsets: list[float], out: Path,
+                    t0: float, argv: list[str] | None) -> int:
+    """The packaged score's own trade-off: every group's degraded share over the development
+    splits as its threshold moves by each offset. The cached items are re-judged with today's
+    text rules (``degradation.text_anomaly_reason``) and today's language rule margin (the cache
+    keeps the stats the check computed, not its decision), so the row at offset 0 is the
+    detector that ships, on the development splits."""
+    texts = {(split, x["id"]): x["text"] for split in DEV_SPLITS
+             for x in map(json.loads, (ROOT / "fixtures" / split / "prompts.jsonl").read_text(encoding="utf-8").splitlines())}
+    rule = engine.language_rule()
+    judged = []
+    for it in items:
+        text = texts[(it["split"], it["id"])]
+        it = {**it, "text_reason": degradation.text_anomaly_reason(text)}
+        if it["check"] is not None:
+            whole, sub, _, cover = it["check"]
+            mean_loss = float(whole.nll.mean()) if whole.nll.size else 0.0
+            it["check"] = (whole, sub, rule.margin_for(text, mean_loss) if rule is not None else 0.0, cover)
+        judged.append(it)
+    base = det.threshold
+    rows = []
+    try:
+        for off in offsets:
+            det.threshold = base + off
+            row = {"offset": off, "threshold": round(det.threshold, 4)}
+            for g in ("data_request", "payload_alone", "plain_language", "plain_en", "odd"):
+                sel = [it for it in judged if it["group"] == g]
+                k = sum(decide(det, it) is not None for it in sel)
+                lo, hi = wilson_interval(k, len(sel))
+                row[g] = {"degraded": k, "n": len(sel), "rate": round(k / len(sel), 4),
+                          "wilson95": [round(lo, 4), round(hi, 4)]}
+            rows.append(row)
+            print(f"{off:+.2f}  " + "  ".join(f"{g} {row[g]['degraded']}/{row[g]['n']}" for g in row
+                                              if isinstance(row[g], dict)), file=sys.stderr)
+    finally:
+        det.threshold = base
+    res = {"what": "the packaged score's threshold moved, every group's degraded share on the development splits",
+           "command": "python scripts/ood_design.py " + " ".join(argv or sys.argv[1:]),
+           "splits": list(DEV_SPLITS), "language_rule": None if rule is None else sorted(rule.min_loss),
+           "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
+    out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/ood_design.pkl"))
     ap.add_argument("--target-far", type=float, default=ood.DEFAULT_TARGET_FAR)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "ood_design_dev.json")
     ap.add_argument("--limit", type=int, default=None, help="first N items of each file (a smoke run)")
+    ap.add_argument("--threshold-sweep", default="", metavar="OFFSETS",
+                    help="comma list of offsets on the packaged score's threshold: only the packaged score, judged "
+                         "with today's text rules and language rule, pooled over the development splits")
     ap.add_argument("--extra-tuning", nargs="*", default=[], choices=sorted(EXTRA_CLASSES), metavar="CLASS",
                     help="generated classes added to the fit's odd side in two more variants")
     args = ap.parse_args(argv)
@@ -277,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         args.cache.write_bytes(pickle.dumps(data))
     det = engine.ood_detector()
     items = data["items"]
+    if args.threshold_sweep:
+        return threshold_sweep(engine, det, items, [float(v) for v in args.threshold_sweep.split(",") if v],
+                               args.out, t0, argv)
     agree = sum(decide(det, it) == it["engine_reason"] for it in items)
     print(f"offline decisions equal the engine's on {agree} of {len(items)} items", file=sys.stderr)
     variants = {"packaged": det}
