@@ -46,7 +46,8 @@ from reference_engine import Engine
 from reference_engine.decode_native import verify_native
 from reference_engine.generation import PromptRow
 from reference_engine.model import KVCache, prefill
-from reference_engine.speculative import _COSTS, DraftPolicy, generate_lossless, verify_forward, verify_kind
+from reference_engine.draft_sources import _COSTS
+from reference_engine.speculative import DraftPolicy, generate_lossless, verify_forward, verify_kind
 
 from .datasets import load_prompts, load_squad, quick_subset, read_jsonl, squad_prompt
 from .errors import HarnessInputError

@@ -41,6 +41,7 @@ from reference_engine import Engine  # noqa: E402
 from reference_engine.generation import PromptRow  # noqa: E402
 from reference_engine.model import KVCache, decode_step, prefill  # noqa: E402
 from reference_engine.decode_native import verify_native  # noqa: E402
+from reference_engine import draft_sources as ds  # noqa: E402
 from reference_engine import speculative as sp  # noqa: E402
 from rsp_bench.datasets import load_squad, load_structured, quick_subset, squad_prompt, structured_prompt  # noqa: E402
 
@@ -76,7 +77,7 @@ class _Replay(sp._RowDecoder):
     """Lossless mode's row decoder with the model replaced by the off output and the clock by costs."""
 
     def __init__(self, engine: Engine, row: PromptRow, off: list[int], max_new: int, policy: sp.DraftPolicy,
-                 costs: list[float], shared: sp._Costs) -> None:
+                 costs: list[float], shared: ds._Costs) -> None:
         cfg = engine._config(None, {"mode": "lossless", "log_level": "NONE"})
         super().__init__(engine, row, max_new, policy, cfg, shared, None, 0)
         self.off, self.cost_table, self.spent = off, costs, 0.0
@@ -107,7 +108,7 @@ class _Replay(sp._RowDecoder):
 
 def replay(engine: Engine, rows: list[tuple[PromptRow, list[int]]], max_new: int, policy: sp.DraftPolicy,
            costs: list[float]) -> dict:
-    shared = sp._Costs(max_positions=len(costs) - 1)
+    shared = ds._Costs(max_positions=len(costs) - 1)
     shared.verify = list(costs) + [costs[-1]] * 64
     shared.t_plain = 1.0
     shared.observe_verify = lambda *a: None  # the table is fixed

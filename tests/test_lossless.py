@@ -1,5 +1,6 @@
 """Lossless mode (reference_engine.speculative) on tiny random models: exactly mode "off", token
-for token, whatever the drafts, plus cache rollback, stats and adaptive drafting.
+for token, whatever the drafts, plus cache rollback, stats and adaptive drafting (the draft
+sources and cost model of reference_engine.draft_sources).
 
 Two variants of the seeded tiny model are built in memory: "varied" (random full-strength blocks
 and an untied LM head, so greedy output wanders and prompt lookup rarely hits) and "repeating"
@@ -21,7 +22,8 @@ from reference_engine.generation import PromptRow
 from reference_engine.errors import PromptError
 from reference_engine.model import KVCache, decode_step, prefill
 from reference_engine.model_loading import load_hf_model, load_tokenizer, make_tiny_model
-from reference_engine.speculative import DraftPolicy, NgramIndex, expected_gain, generate_lossless, verify_forward
+from reference_engine.draft_sources import NgramIndex, expected_gain
+from reference_engine.speculative import DraftPolicy, generate_lossless, verify_forward
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Bonjour", "Who was the Norse leader?",
            "abc abc abc abc abc abc", "12345 + 678 = 13023. 12345 + 678 ="]
@@ -296,7 +298,7 @@ def test_calibrated_draft_plan_and_degradation(repeating, monkeypatch):
 def test_engine_learns_acceptance_across_requests(tiny_path):
     """A request's prior is the engine's recent acceptance: after copy-friendly requests the
     engine expects lookup drafts to be accepted; after random output it expects the opposite."""
-    from reference_engine.speculative import _COSTS
+    from reference_engine.draft_sources import _COSTS
 
     rates = {}
     for name, engine in (("repeating", _repeating(tiny_path)), ("varied", _varied(tiny_path))):
