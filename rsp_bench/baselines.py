@@ -22,6 +22,15 @@ Two kinds, because quality and speed travel differently:
   next update. Where none can gate, speed is reported, not gated, and the suites' portable
   speed budgets and ``rsp-bench ab`` judge it.
 
+**One pair per run size.** A quick run (``--rsp-quick``) and a full run draw different prompt
+sets, so their quality figures are different measurements: a full run's baselines carry
+``.full`` before their suffix (``<...>__<engine>.full.json``, ``...__<fingerprint>.full.speed.json``,
+``...__<fingerprint>.full.quality.json``), and each run is gated against its own size only. A
+full run with no full baseline is reported "no baseline", never judged against quick figures
+(until stop 46 it was: a full run's SQuAD F1 over 206 documents against the quick subset's, with
+a warning). Files from before: a full-run record stored under the quick name still serves full
+runs, and quick runs too (as a superset, as the gate always allowed, with its warning).
+
 Baselines are written for review: values rounded to what they resolve (6 significant
 digits), raw timing samples in a sidecar ``*.samples.json`` (read back by ``load_baseline``)
 so a pull request's diff shows figures, the reason of the update (``--reason`` /
@@ -145,6 +154,12 @@ def _fingerprint(record: Mapping[str, Any]) -> str:
         raise RecordError(f"run record {record.get('run_id')!r} has no machine.fingerprint") from None
 
 
+def _size_tag(record: Mapping[str, Any]) -> str:
+    """"" for a quick run's baselines, ".full" for a full run's (records without the field are quick,
+    the only size the first baselines were made from)."""
+    return "" if record.get("quick", True) else ".full"
+
+
 def quality_per_machine(record: Mapping[str, Any]) -> bool:
     """Is ``record``'s engine one whose quality is baselined per machine?"""
     return engine_under_test(record) in QUALITY_PER_MACHINE
@@ -153,9 +168,10 @@ def quality_per_machine(record: Mapping[str, Any]) -> bool:
 def quality_baseline_path(baselines_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> Path:
     """Where the quality baseline for ``record``'s weights and engine (and machine, for the
     engines of ``QUALITY_PER_MACHINE``) lives (may not exist)."""
+    tag = _size_tag(record)
     if quality_per_machine(record):
-        return Path(baselines_dir) / f"{_stem(record)}__{_fingerprint(record)}.quality.json"
-    return Path(baselines_dir) / f"{_stem(record)}.json"
+        return Path(baselines_dir) / f"{_stem(record)}__{_fingerprint(record)}{tag}.quality.json"
+    return Path(baselines_dir) / f"{_stem(record)}{tag}.json"
 
 
 def least_favourable(records: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -184,7 +200,23 @@ def speed_baseline_path(baselines_dir: str | os.PathLike[str], record: Mapping[s
         fingerprint = record["machine"]["fingerprint"]
     except (KeyError, TypeError):
         raise RecordError(f"run record {record.get('run_id')!r} has no machine.fingerprint") from None
-    return Path(baselines_dir) / f"{_stem(record)}__{_sanitize(str(fingerprint), 'machine fingerprint')}.speed.json"
+    return (Path(baselines_dir)
+            / f"{_stem(record)}__{_sanitize(str(fingerprint), 'machine fingerprint')}{_size_tag(record)}.speed.json")
+
+
+def _legacy_full(path: Path, record: Mapping[str, Any]) -> Path:
+    """For a full run whose own-size file is missing: the quick-named file, when it holds a
+    full run's record (baselines written before run sizes had files of their own)."""
+    if record.get("quick", True) or path.exists():
+        return path
+    legacy = path.with_name(path.name.replace(".full.", ".", 1))
+    if legacy.exists():
+        try:
+            if not load_record(legacy)["quick"]:
+                return legacy
+        except RecordError:
+            return legacy  # malformed: let the caller's load name it
+    return path
 
 
 def split_by_scope(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -274,14 +306,17 @@ def load_baseline(baselines_dir: str | os.PathLike[str], record: Mapping[str, An
     A missing baseline is normal (a new model, engine or machine kind) and the caller decides
     whether that warns or fails; a present but malformed one raises RecordError naming the file.
     """
-    qpath, spath = quality_baseline_path(baselines_dir, record), speed_baseline_path(baselines_dir, record)
+    qpath = _legacy_full(quality_baseline_path(baselines_dir, record), record)
+    spath = _legacy_full(speed_baseline_path(baselines_dir, record), record)
     quality = speed = None
     if quality_per_machine(record):
         # Judged against every machine's figures, its own included: the same fingerprint was
         # measured giving two sets (an AMD EPYC host without, then with AVX-512: llama.cpp's
         # quantized kernels follow the instruction set, which the fingerprint does not name), so
         # a machine's own file is not the only numerics it may run.
-        others = sorted(Path(baselines_dir).glob(f"{glob_escape(_stem(record))}__*.quality.json"))
+        full = bool(_size_tag(record))  # each machine's file of this run's size only
+        others = sorted(p for p in Path(baselines_dir).glob(f"{glob_escape(_stem(record))}__*.quality.json")
+                        if p.name.endswith(".full.quality.json") == full)
         if others:
             loaded = [load_record(p) for p in others]
             for p, q in zip(others, loaded):

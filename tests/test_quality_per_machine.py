@@ -45,6 +45,17 @@ def test_llama_cpp_quality_is_per_machine_and_the_reference_engines_is_not(tmp_p
     assert quality_baseline_path(tmp_path, ref).name.endswith("__reference.json")
 
 
+def test_a_full_run_is_judged_only_against_full_runs_per_machine(tmp_path) -> None:
+    update_baseline(_record("aaaaaaaaaaaa", 0.25), tmp_path)  # quick
+    full = {**_record("aaaaaaaaaaaa", 0.10), "quick": False}
+    assert quality_baseline_path(tmp_path, full).name.endswith("__aaaaaaaaaaaa.full.quality.json")
+    assert load_baseline(tmp_path, full).quality is None
+    update_baseline(full, tmp_path)
+    assert load_baseline(tmp_path, full).quality["configurations"][CONFIG]["metrics"]["json_field_f1"]["value"] == 0.10
+    assert load_baseline(tmp_path, _record("aaaaaaaaaaaa", 0.25)).quality["configurations"][CONFIG]["metrics"][
+        "json_field_f1"]["value"] == 0.25
+
+
 def test_a_known_machine_is_judged_against_every_machines_figures(tmp_path) -> None:
     # Measured on 2026-12-03: one fingerprint (an AMD EPYC host) gave the AVX2 figures on one day
     # and, with AVX-512 on a later host of the same name, exactly the Intel machine's: so a

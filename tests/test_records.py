@@ -262,10 +262,13 @@ def test_docs_page_lists_every_known_metric() -> None:
 
 
 def test_baseline_paths_are_per_weights_engine_and_machine_and_sanitized(tmp_path: Path) -> None:
-    r = _record(model="HuggingFaceTB/SmolLM2 135M")
+    r = _record(model="HuggingFaceTB/SmolLM2 135M", quick=True)
     stem = f"HuggingFaceTB-SmolLM2-135M__{r['model']['weights_sha256'][:12] or 'unknown-weights'}__reference"
     assert quality_baseline_path(tmp_path, r) == tmp_path / f"{stem}.json"
     assert speed_baseline_path(tmp_path, r) == tmp_path / f"{stem}__f00dfeed0001.speed.json"
+    full = {**r, "quick": False}  # a full run draws other prompt sets: files of its own
+    assert quality_baseline_path(tmp_path, full) == tmp_path / f"{stem}.full.json"
+    assert speed_baseline_path(tmp_path, full) == tmp_path / f"{stem}__f00dfeed0001.full.speed.json"
     other = {**r, "extra": {**r["extra"], "engine_under_test": "skip-odd"}}
     assert quality_baseline_path(tmp_path, other).name.endswith("__skip-odd.json")
     with pytest.raises(RecordError, match="model name '///'"):
@@ -288,6 +291,37 @@ def test_missing_baseline_is_none_and_update_then_load_round_trips(tmp_path: Pat
     assert rec._parse_utc(found.quality["extra"]["baseline_written_utc"]) is not None
     assert set(found.quality["extra"]["baseline_written_by"]) == {"git_commit", "hostname"}
     assert [p for p, _ in list_baselines(tmp_path / "baselines")] == sorted([quality_path, speed_path])
+
+
+def test_quick_and_full_runs_each_have_their_own_baselines(tmp_path: Path) -> None:
+    quick, full = _record(0.9, quick=True), _record(0.5, quick=False)
+    quick_paths = update_baseline(quick, tmp_path)
+    before = {p: p.read_bytes() for p in quick_paths}
+    # a full run is never judged against the quick subset's figures: no baseline until it has one
+    found = load_baseline(tmp_path, full)
+    assert found.quality is None and found.speed is None
+    full_paths = update_baseline(full, tmp_path)
+    assert set(full_paths).isdisjoint(quick_paths) and all(".full." in p.name for p in full_paths)
+    assert {p: p.read_bytes() for p in quick_paths} == before  # the full update left the quick files alone
+    top1 = lambda b: b.quality["configurations"]["reference/lossy/s=0.50"]["metrics"]["top1_agreement"]["value"]  # noqa: E731
+    assert top1(load_baseline(tmp_path, quick)) == 0.9 and top1(load_baseline(tmp_path, full)) == 0.5
+    assert load_baseline(tmp_path, full).speed["quick"] is False
+
+
+def test_a_full_record_under_the_quick_name_still_serves_both_sizes(tmp_path: Path) -> None:
+    # baselines written before run sizes had files of their own: a full run's record under the
+    # quick name is the full baseline, and quick runs keep reading it as before
+    full = _record(0.5, quick=False)
+    paths = update_baseline(full, tmp_path)
+    for p in paths:
+        p.rename(p.with_name(p.name.replace(".full.", ".")))
+    for run in (full, _record(0.9, quick=True)):
+        found = load_baseline(tmp_path, run)
+        assert found.quality is not None and found.quality["quick"] is False and ".full." not in found.quality_path.name
+        assert found.speed is not None
+    # a quick record under the quick name never serves a full run
+    update_baseline(_record(0.9, quick=True), tmp_path)
+    assert load_baseline(tmp_path, full).quality is None
 
 
 def test_metric_scope_puts_clock_figures_on_the_machine() -> None:
