@@ -521,7 +521,8 @@ def run_gate(args: argparse.Namespace) -> int:
         found = load_baseline(args.baselines, run)
         baseline, speed_problem, spread = found.merged(), found.speed_problem(), found.spread()
         if baseline is None:
-            message = (f"no baseline for model {run['model']['name']!r}, engine "
+            size = "" if run["quick"] else "full-run "  # a full run is judged only against a full run's baseline
+            message = (f"no {size}baseline for model {run['model']['name']!r}, engine "
                        f"{run['extra'].get('engine_under_test', 'reference')!r} under {args.baselines} "
                        f"(looked for {found.quality_path.name}); create one with: rsp-bench baseline update RECORD")
             print(("rsp-bench gate FAILED (--ci): " if args.ci else "warning: ") + message, file=sys.stderr)

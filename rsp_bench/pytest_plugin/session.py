@@ -178,7 +178,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _ab_against(options.ab_base, options, lines, fail, path, session.config.rootpath)
     baseline = found.merged()
     if baseline is None:
-        message = (f"no baseline for model {record['model']['name']!r}, engine {options.engine!r} "
+        size = "" if record["quick"] else "full-run "  # a full run is judged only against a full run's baseline
+        message = (f"no {size}baseline for model {record['model']['name']!r}, engine {options.engine!r} "
                    f"({found.quality_path.name} under {options.baselines_dir}); create one with --rsp-update-baseline")
         if options.ci:
             fail(message)
