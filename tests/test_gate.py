@@ -283,9 +283,9 @@ def test_cli_defaults_find_the_newest_run_and_its_baseline(tmp_path: Path, capsy
     write_record(_record(top1=0.8), results)
     baselines = ["--baselines", str(results / "baselines")]
     assert run_gate(_args(["--results", str(results), *baselines])) == 0
-    assert "no baseline" in capsys.readouterr().err
+    assert "no full-run baseline" in capsys.readouterr().err  # _record() is a full run
     assert run_gate(_args(["--results", str(results), *baselines, "--ci"])) == 1
-    assert "FAILED (--ci): no baseline" in capsys.readouterr().err
+    assert "FAILED (--ci): no full-run baseline" in capsys.readouterr().err
     update_baseline(_record(top1=0.9), results / "baselines")
     assert run_gate(_args(["--results", str(results), *baselines])) == 1
     with pytest.raises(RecordError, match="no run records"):
