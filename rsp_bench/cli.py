@@ -501,7 +501,54 @@ class _VersionAction(argparse.Action):
 _INPUT_FILES = {"gate": (("baseline", "--baseline"), ("run", "--run"), ("policy", "--policy")),
                 "compare": (("a", "RUN_A"), ("b", "RUN_B")),
                 "tune": (("from_table", "--from-table"),), "degradation": (("prompts", "--prompts"),),
-                "lossless": (("prompts", "--prompts"),)}
+                "lossless": (("prompts", "--prompts"),),
+                "router-curve": (("held_out", "--held-out"), ("tune_from", "--tune-from")),
+                "sensitivity-scale": (("prompts", "--prompts"),)}
+
+
+# Files and folders the lazily loaded commands write, most of them only at the end of a long
+# measurement: a path that cannot be written must fail now, not after the work is lost.
+_OUTPUT_PATHS = {"router-curve": (("out", "--out", False),), "sensitivity-scale": (("out", "--out", False),),
+                 "lossless": (("out", "--out", False),), "degradation": (("out", "--out", False),),
+                 "loadtest": (("out", "--out", False),), "tune": (("out", "--out", True),),
+                 "leaderboard": (("out", "--out", True),),
+                 "ab": (("out", "--out", False), ("markdown", "--markdown", False), ("power_out", "--power-out", False),
+                        ("logs", "--logs", True))}
+
+# Counts and values those commands take as plain int/float (argparse lets 0, -1 and nan through):
+# (dest, flag, lowest, highest, integer).
+_NUMBERS = {"router-curve": (("threads", "--threads", 1, None, True), ("speed_prompts", "--speed-prompts", 1, None, True),
+                             ("speed_rounds", "--speed-rounds", 1, None, True)),
+            "loadtest": (("clients", "--clients", 1, None, True), ("requests", "--requests", 1, None, True),
+                         ("max_tokens", "--max-tokens", 1, None, True), ("prompts", "--prompts", 1, None, True),
+                         ("max_queue", "--max-queue", 1, None, True), ("max_batch", "--max-batch", 1, None, True),
+                         ("batch_window_ms", "--batch-window-ms", 0, None, False), ("soak", "--soak", 1, None, False),
+                         ("soak_requests", "--soak-requests", 1, None, True),
+                         ("sensitivity", "--sensitivity", 0, 1, False),
+                         ("hardware_watermark", "--hardware-watermark", 0, 1, False))}
+_LOADTEST_MODES = ("off", "lossy", "lossless", "static")
+
+
+def _check_writable(flag: str, value: str, folder: bool) -> None:
+    """``value`` can be written as a file (or created as a folder), found without writing it."""
+    import tempfile
+
+    path = Path(value).expanduser()
+    if not folder and path.is_dir():
+        raise _UserError(f"{flag} {value!r} is a folder; give a file path")
+    if folder and path.exists() and not path.is_dir():
+        raise _UserError(f"{flag} {value!r} is a file; give a folder")
+    base = path if folder else path.parent
+    while not base.exists():  # the command creates the missing folders; the nearest existing one must take them
+        base = base.parent
+    try:
+        if not base.is_dir():
+            raise NotADirectoryError(20, f"{base} is not a folder")
+        # root passes os.access everywhere, so try it: an unnamed file that is gone when closed
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as exc:
+        raise _UserError(f"{flag} {value!r} cannot be written: {exc.strerror or exc} (in {base})") from None
 
 
 def _check_inputs(command: str, args: argparse.Namespace) -> None:
@@ -509,10 +556,31 @@ def _check_inputs(command: str, args: argparse.Namespace) -> None:
         value = getattr(args, dest, None)
         if value is None:
             continue
+        value = str(value)  # some commands parse it to a Path, whose repr is not what the user typed
         if not Path(value).exists():
             raise _UserError(f"{flag} {value!r} does not exist")
         if Path(value).is_dir():
             raise _UserError(f"{flag} {value!r} is a folder; give a file")
+    for dest, flag, lo, hi, integer in _NUMBERS.get(command, ()):
+        value = getattr(args, dest, None)
+        if value in (None, ""):  # not given ('' is loadtest's "send no watermark")
+            continue
+        try:
+            _number(flag, lo, hi, integer=integer)(str(value))
+        except argparse.ArgumentTypeError as exc:
+            raise _UserError(str(exc)) from None
+    if command == "loadtest" and args.mode not in _LOADTEST_MODES:
+        raise _UserError(f"--mode must be one of {', '.join(_LOADTEST_MODES)}, got {args.mode!r}")
+    for dest, flag, folder in _OUTPUT_PATHS.get(command, ()):
+        value = getattr(args, dest, None)
+        if value is not None and str(value) != "-":  # --markdown with no PATH prints to stdout
+            _check_writable(flag, str(value), folder)
+    if command == "baseline" and args.baseline_action == "show":
+        # listing a folder that is not there would print "no baselines" and exit 0: a typo unnoticed
+        flag, typed, where = (("--baselines", args.baselines, args.baselines) if args.baselines
+                              else ("--results", args.results_typed, args.results))
+        if not Path(where).is_dir():
+            raise _UserError(f"{flag} {typed!r} is not a folder")
     if command == "leaderboard":
         from .records import record_paths
 

@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     bad = [s for s in sens if not 0.0 < s <= 1.0]
     if not sens or bad:
         return _usage(f"--sensitivities must be numbers in (0, 1], got {args.sensitivities!r}")
+    if len(set(sens)) != len(sens):  # each would be measured again, minutes each, for the same figures
+        return _usage(f"--sensitivities names a sensitivity twice, got {args.sensitivities!r}")
     if args.tokens < 2:
         return _usage(f"--tokens must be an integer >= 2, got {args.tokens}")
     try:

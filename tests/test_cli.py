@@ -87,6 +87,39 @@ NO_MODEL_CASES = [
     (["router-curve", "--tokens", "2"], ["--tokens", ">= 4"]),
     (["router-curve", "--held-out", "/no/such/held.jsonl"], ["--held-out", "/no/such/held.jsonl"]),
     (["router-curve", "--tune-from", "/no/such/curve.json"], ["--tune-from", "/no/such/curve.json"]),
+    # numbers argparse takes as plain int/float, and outputs only written once the work is done
+    (["router-curve", "--threads", "0"], ["--threads", "'0'", ">= 1"]),
+    (["router-curve", "--speed-prompts", "0"], ["--speed-prompts", "'0'", ">= 1"]),
+    (["router-curve", "--speed-rounds", "-2"], ["--speed-rounds", "'-2'", ">= 1"]),
+    (["router-curve", "--out", "/proc/nope/x.json"], ["--out", "/proc/nope/x.json", "cannot be written"]),
+    (["sensitivity-scale", "--out", "/proc/nope/x.json"], ["--out", "/proc/nope/x.json", "cannot be written"]),
+    (["sensitivity-scale", "--sensitivities", "0.5,0.5"], ["--sensitivities", "'0.5,0.5'", "twice"]),
+    (["lossless", "--out", "/proc/nope/x.json"], ["--out", "/proc/nope/x.json", "cannot be written"]),
+    (["degradation", "--out", "/proc/nope/x.json"], ["--out", "/proc/nope/x.json", "cannot be written"]),
+    (["degradation", "--prompts", "/no/such/p.jsonl"], ["--prompts '/no/such/p.jsonl' does not exist"]),
+    (["tune", "--out", "/proc/nope"], ["--out", "/proc/nope", "cannot be written"]),
+    (["leaderboard", "--out", "/proc/nope/x"], ["--out", "/proc/nope/x", "cannot be written"]),
+    (["ab", "--base", "HEAD", "--out", "/proc/nope/x.json"], ["--out", "/proc/nope/x.json", "cannot be written"]),
+    (["ab", "--base", "HEAD", "--markdown", "/proc/nope/x.md"], ["--markdown", "/proc/nope/x.md", "cannot be written"]),
+    (["ab", "--base", "HEAD", "--power-out", "/proc/nope/p.json", "--power-name", "aa"],
+     ["--power-out", "/proc/nope/p.json", "cannot be written"]),
+    (["ab", "--base", "HEAD", "--logs", "/proc/nope/logs"], ["--logs", "/proc/nope/logs", "cannot be written"]),
+    (["loadtest", "--clients", "0"], ["--clients", "'0'", ">= 1"]),
+    (["loadtest", "--requests", "-1"], ["--requests", "'-1'", ">= 1"]),
+    (["loadtest", "--max-tokens", "0"], ["--max-tokens", "'0'", ">= 1"]),
+    (["loadtest", "--prompts", "0"], ["--prompts", "'0'", ">= 1"]),
+    (["loadtest", "--max-queue", "0"], ["--max-queue", "'0'", ">= 1"]),
+    (["loadtest", "--max-batch", "0"], ["--max-batch", "'0'", ">= 1"]),
+    (["loadtest", "--batch-window-ms", "nan"], ["--batch-window-ms", "'nan'", ">= 0"]),
+    (["loadtest", "--soak", "inf"], ["--soak", "'inf'", ">= 1"]),
+    (["loadtest", "--soak-requests", "0"], ["--soak-requests", "'0'", ">= 1"]),
+    (["loadtest", "--sensitivity", "abc"], ["--sensitivity", "'abc'", "[0, 1]"]),
+    (["loadtest", "--sensitivity", "2"], ["--sensitivity", "'2'", "[0, 1]"]),
+    (["loadtest", "--hardware-watermark", "nan"], ["--hardware-watermark", "'nan'", "[0, 1]"]),
+    (["loadtest", "--mode", "bogus"], ["--mode", "'bogus'", "off, lossy, lossless, static"]),
+    (["loadtest", "--out", "/proc/nope/x.json"], ["--out", "/proc/nope/x.json", "cannot be written"]),
+    (["baseline", "show", "--results", "/no/such/dir"], ["--results", "/no/such/dir", "not a folder"]),
+    (["baseline", "show", "--baselines", "/no/such/dir"], ["--baselines", "/no/such/dir", "not a folder"]),
 ]
 
 
@@ -101,6 +134,26 @@ def test_empty_prompt_from_stdin_is_refused(capsys, monkeypatch, no_model) -> No
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
     code, _, err = _main(["generate", "-"], capsys)
     _assert_one_line_error(code, err, "the prompt read from standard input is empty")
+
+
+@pytest.mark.parametrize("argv", [["router-curve", "--out", "{d}"], ["sensitivity-scale", "--out", "{d}"],
+                                  ["tune", "--out", "{d}/f"]], ids=["router-curve", "sensitivity-scale", "tune"])
+def test_output_path_of_the_wrong_kind(argv, tmp_path, capsys, no_model) -> None:
+    (tmp_path / "f").write_text("")
+    argv = [a.format(d=tmp_path) for a in argv]
+    code, _, err = _main(argv, capsys)
+    _assert_one_line_error(code, err, "--out", argv[-1], "give a")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # the check wrote nothing
+
+
+def test_default_outputs_pass_the_writability_check() -> None:
+    """The checks above must not refuse what the commands write when no flag is given."""
+    for name in ("router-curve", "sensitivity-scale", "tune", "leaderboard", "ab", "loadtest", "degradation"):
+        parser = cli._Parser(prog=f"rsp-bench {name}")
+        cli._commands()[name][1](parser)
+        args = parser.parse_args([])
+        args.results_typed = getattr(args, "results", None)
+        cli._check_inputs(name, args)
 
 
 def test_log_file_that_is_a_folder(tmp_path, capsys, no_model) -> None:
