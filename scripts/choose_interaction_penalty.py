@@ -32,20 +32,18 @@ Must not be imported by the engine or the harness; it records a design decision.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from reference_engine import Engine
-from reference_engine import model as model_mod
-from rsp_bench.router_curve_measure import HELD_OUT_PROMPTS, Case, Removal, _write_atomic, router_point, static_orders
-
 ROOT = Path(__file__).resolve().parents[1]
-DEV_FILE = ROOT / "fixtures" / "router_curve" / "heldout_2026-12-03.jsonl"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from choose_tau_weight import measure_designs, write_result  # noqa: E402
+from reference_engine import Engine  # noqa: E402
+from reference_engine import model as model_mod  # noqa: E402
 
 
 class _Penalty:
@@ -76,14 +74,6 @@ class _Penalty:
         model_mod._gate_says_bypass = self._orig
 
 
-def _find_x(engine, probe, target: float, lo: float = 1e-3, hi: float = 1.0, steps: int = 6) -> float:
-    for _ in range(steps):
-        mid = math.sqrt(lo * hi)
-        got = router_point(engine, probe, mid)["blocks_worth"]
-        lo, hi = (mid, hi) if got < target else (lo, mid)
-    return math.sqrt(lo * hi)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gammas", default="0,0.1,0.3")
@@ -95,38 +85,11 @@ def main() -> int:
     t0 = time.perf_counter()
     torch.set_grad_enabled(False)
     engine = Engine.load(None)
-    engine.decode_kernel = "torch"
-    pred = engine.unit_predictor()
-    dev_prompts = list(HELD_OUT_PROMPTS) + [json.loads(x)["text"] for x in DEV_FILE.read_text().splitlines() if x.strip()]
-    if args.smoke:
-        dev_prompts = dev_prompts[:3]
-    L = engine.dims.n_layers
-    orders = static_orders(engine, pred, {0, L - 1})
+    engine.decode_kernel = "torch"  # the patched decision lives in the torch path
     ub, bb = engine.unit_bytes()
-    rows = []
-    with engine.raw_unit_scale():
-        dev = [Case(engine, p, args.tokens) for p in dev_prompts]
-        probe = dev[:8]
-        statics = {name: Removal(engine, dev, g) for name, g in orders.items()}
-        for gamma in [float(g) for g in args.gammas.split(",") if g]:
-            with _Penalty(gamma, ub, bb):
-                for target in [float(t) for t in args.targets.split(",") if t]:
-                    x = _find_x(engine, probe, target)
-                    rp = router_point(engine, dev, x)
-                    st = {name: r.at_bytes(rp["blocks_worth"]) for name, r in statics.items()}
-                    best_top1 = max(v["top1"] for v in st.values())
-                    best_kl = min(v["kl"] for v in st.values())
-                    row = {"gamma": gamma, "target": target, "x": x, "router": rp, "static": st,
-                           "top1_lead": rp["top1"] - best_top1, "kl_minus_best": rp["kl"] - best_kl}
-                    rows.append(row)
-                    print(f"gamma {gamma} target {target}: x {x:.4f}, {rp['blocks_worth']:.2f} blocks, "
-                          f"top-1 {rp['top1']:.3f} (lead {row['top1_lead']:+.3f}), KL {rp['kl']:.3f} "
-                          f"(minus best static {row['kl_minus_best']:+.3f})", flush=True)
-    result = {"what": __doc__.split("\n")[0], "command": "python scripts/choose_interaction_penalty.py " + " ".join(sys.argv[1:]),
-              "dev_prompts": len(dev_prompts), "tokens": args.tokens, "threads": torch.get_num_threads(),
-              "kernel": "torch", "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
-    _write_atomic(args.out, json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['seconds']} s")
+    designs = [({"gamma": g}, _Penalty(g, ub, bb)) for g in (float(v) for v in args.gammas.split(",") if v)]
+    rows, n = measure_designs(engine, designs, [float(t) for t in args.targets.split(",") if t], args.tokens, args.smoke)
+    write_result(args.out, __doc__, "choose_interaction_penalty.py", args.tokens, n, rows, t0, kernel="torch")
     return 0
 
 

@@ -44,7 +44,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from reference_engine import Engine
@@ -89,6 +88,43 @@ def _find_x(engine, probe, target: float, lo: float = 1e-3, hi: float = 1.0, ste
     return math.sqrt(lo * hi)
 
 
+def measure_designs(engine: Engine, designs: list, targets: list[float], tokens: int, smoke: bool) -> tuple[list[dict], int]:
+    """Each design, a (label dict, context manager that installs it) pair, at each target budget:
+    the raw scale found by bisection on the first 8 development prompts, then top-1 / KL on all of
+    them beside every static removal at the bytes measured. Returns the rows and the prompt count."""
+    dev_prompts = list(HELD_OUT_PROMPTS) + [json.loads(x)["text"] for x in DEV_FILE.read_text().splitlines() if x.strip()]
+    if smoke:
+        dev_prompts = dev_prompts[:3]
+    orders = static_orders(engine, engine.unit_predictor(), {0, engine.dims.n_layers - 1})
+    rows = []
+    with engine.raw_unit_scale():
+        dev = [Case(engine, p, tokens) for p in dev_prompts]
+        probe = dev[:8]
+        statics = {name: Removal(engine, dev, g) for name, g in orders.items()}
+        for label, design in designs:
+            with design:
+                for target in targets:
+                    x = _find_x(engine, probe, target)
+                    rp = router_point(engine, dev, x)
+                    st = {name: r.at_bytes(rp["blocks_worth"]) for name, r in statics.items()}
+                    row = {**label, "target": target, "x": x, "router": rp, "static": st,
+                           "top1_lead": rp["top1"] - max(v["top1"] for v in st.values()),
+                           "kl_minus_best": rp["kl"] - min(v["kl"] for v in st.values())}
+                    rows.append(row)
+                    print(f"{label} target {target}: x {x:.4f}, {rp['blocks_worth']:.2f} blocks, top-1 {rp['top1']:.3f} "
+                          f"(lead {row['top1_lead']:+.3f}), KL {rp['kl']:.3f} (minus best static {row['kl_minus_best']:+.3f})",
+                          flush=True)
+    return rows, len(dev_prompts)
+
+
+def write_result(out: Path, doc: str, script: str, tokens: int, n_prompts: int, rows: list[dict], t0: float, **extra) -> None:
+    result = {"what": doc.split("\n")[0], "command": f"python scripts/{script} " + " ".join(sys.argv[1:]),
+              "dev_prompts": n_prompts, "tokens": tokens, "threads": torch.get_num_threads(), **extra,
+              "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
+    _write_atomic(out, json.dumps(result, indent=1))
+    print(f"wrote {out} in {result['seconds']} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--alphas", default="1,0.5,1.5")
@@ -101,38 +137,10 @@ def main() -> int:
     t0 = time.perf_counter()
     torch.set_grad_enabled(False)
     engine = Engine.load(None)
-    pred = engine.unit_predictor()
-    dev_prompts = list(HELD_OUT_PROMPTS) + [json.loads(x)["text"] for x in DEV_FILE.read_text().splitlines() if x.strip()]
-    if args.smoke:
-        dev_prompts = dev_prompts[:3]
-    L = engine.dims.n_layers
-    orders = static_orders(engine, pred, {0, L - 1})
     designs = [(float(a), False) for a in args.alphas.split(",") if a] + ([(1.0, True)] if args.flat_factors else [])
-    targets = [float(t) for t in args.targets.split(",") if t]
-    rows = []
-    with engine.raw_unit_scale():
-        dev = [Case(engine, p, args.tokens) for p in dev_prompts]
-        probe = dev[:8]
-        statics = {name: Removal(engine, dev, g) for name, g in orders.items()}
-        for alpha, flat in designs:
-            with _Design(alpha, flat):
-                for target in targets:
-                    x = _find_x(engine, probe, target)
-                    rp = router_point(engine, dev, x)
-                    st = {name: r.at_bytes(rp["blocks_worth"]) for name, r in statics.items()}
-                    best_top1 = max(v["top1"] for v in st.values())
-                    best_kl = min(v["kl"] for v in st.values())
-                    row = {"alpha": alpha, "flat_factors": flat, "target": target, "x": x, "router": rp, "static": st,
-                           "top1_lead": rp["top1"] - best_top1, "kl_minus_best": rp["kl"] - best_kl}
-                    rows.append(row)
-                    print(f"alpha {alpha} flat {flat} target {target}: x {x:.4f}, {rp['blocks_worth']:.2f} blocks, "
-                          f"top-1 {rp['top1']:.3f} (lead {row['top1_lead']:+.3f}), KL {rp['kl']:.3f} "
-                          f"(minus best static {row['kl_minus_best']:+.3f})", flush=True)
-    result = {"what": __doc__.split("\n")[0], "command": "python scripts/choose_tau_weight.py " + " ".join(sys.argv[1:]),
-              "dev_prompts": len(dev_prompts), "tokens": args.tokens, "threads": torch.get_num_threads(),
-              "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
-    _write_atomic(args.out, json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['seconds']} s")
+    rows, n = measure_designs(engine, [({"alpha": a, "flat_factors": f}, _Design(a, f)) for a, f in designs],
+                              [float(t) for t in args.targets.split(",") if t], args.tokens, args.smoke)
+    write_result(args.out, __doc__, "choose_tau_weight.py", args.tokens, n, rows, t0)
     return 0
 
 
