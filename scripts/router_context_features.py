@@ -1,7 +1,7 @@
 """Design experiment (issue 25): does a unit's cost predictor gain from seeing the unit decided
 just before it, on the cached per-token labels, development prompts only?
 
-    python scripts/router_context_features.py [--cache /tmp/rc] [--out results/router_context_features_dev.json]
+    python scripts/router_context_features.py [--cache /tmp/rc] [--more N] [--out results/router_context_features_dev.json]
 
 The packaged predictor scores unit u from its own normalised input x_u alone (a ridge on
 log(isolated KL + floor)); docs/unit-router.md left "a predictor that sees more than one unit's
@@ -20,6 +20,11 @@ the engine's threshold spends), at 1-6 blocks' worth, through one per-position p
 (``isolated_bypass.forward_units_per_position``) with the packaged predictor's unit maps.
 The unit inputs are recomputed from each cached sequence (one clean forward pass each).
 
+``--more N`` asks the other question left open, more training text, the same way: N more plain
+English requests of the development degradation splits are labelled into the cache (about 10 s
+each on 2 cores; with the packaged predictor's maps, where the cached 116 have the maps of their
+day) and ``x`` fitted with them is compared with ``x`` fitted without.
+
 Result (stop 46, results/router_context_features_dev.json, 659 s on 2 cores): within-unit Spearman
 on the development prompts 0.507 (x) and 0.515 (x+prev); top-1 / KL at 1-6 blocks' worth, x then
 x+prev: 0.932 / 0.045 and 0.931 / 0.042; 0.880 / 0.117 and 0.868 / 0.118; 0.836 / 0.239 and
@@ -28,6 +33,14 @@ x+prev: 0.932 / 0.045 and 0.931 / 0.042; 0.880 / 0.117 and 0.868 / 0.118; 0.836 
 over these ~740 positions) and KL by a few hundredths: no gain worth a second dot product per
 unit. (The labels' own day's predictor, version 2, for scale: 0.909 / 0.077 at 1, 0.606 / 1.060 at
 6.) Not adopted.
+
+``--more 120`` (results/router_more_text_v3_dev.json, 1,652 s, most of it labelling): x fitted on
+284 prompts against 164: Spearman 0.507 -> 0.522; top-1 / KL at 1-6 blocks' worth 0.932 / 0.045 ->
+0.937 / 0.047, 0.880 / 0.117 -> 0.873 / 0.113, 0.836 / 0.239 -> 0.831 / 0.196, 0.758 / 0.378 ->
+0.786 / 0.311, 0.720 / 0.549 -> 0.722 / 0.496, 0.669 / 0.711 -> 0.680 / 0.678. KL falls by 5-18%
+from 2 blocks' worth on; top-1 moves -0.7 to +2.8 points, +0.5 and +1.1 at the two ends. (The 120
+new labels were made with the packaged maps, the 164 with their day's: part of the difference may
+be that.) A lead for the next predictor, not enough alone for the ends of the curve.
 
 Must not be imported by the engine or the harness; it records a design decision.
 """
@@ -54,9 +67,6 @@ from reference_engine import unit_predictor as up  # noqa: E402
 from reference_engine.model import forward_units  # noqa: E402
 from rsp_bench.storage import atomic_write_json  # noqa: E402
 
-VARIANTS = ("x", "x+prev")
-
-
 def _load(cache: Path, tag: str) -> list[dict]:
     out = []
     for f in sorted(cache.glob(f"{tag}_*.npz")):
@@ -82,35 +92,46 @@ def _features(d: dict, u: int, variant: str) -> np.ndarray:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/rc"))
+    ap.add_argument("--more", type=int, default=0, metavar="N",
+                    help="instead of x+prev: label N more plain English requests (router_oracle.extra_training_prompts "
+                         "through 2026-12-05b, after the 116 cached) and compare x fitted with them")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "router_context_features_dev.json")
     args = ap.parse_args()
     t0 = time.perf_counter()
     engine, pred, maps, ub, eligible = ro.load_setup()
     w = engine.weights
     U = 2 * engine.dims.n_layers
-    fit = _load(args.cache, "train") + _load(args.cache, "extra")
+    base = _load(args.cache, "train") + _load(args.cache, "extra")[:116]
     dev = _load(args.cache, "dev")
-    if not fit or not dev:
+    if not base or not dev:
         raise SystemExit(f"{args.cache}: no cached labels (make them with scripts/router_allocation.py --extra 116 --labels-only)")
-    for d in fit + dev:
+    more: list[dict] = []
+    if args.more:
+        prompts = ro.extra_training_prompts("2026-12-05b")[: 116 + args.more]
+        more = ra.build(engine, w, maps, eligible, pred, args.cache, prompts, "extra",
+                        lambda p, ids: up.greedy_continuation(w, ids, up.CONTINUATION_TOKENS, engine.eos_id))[116:]
+    variants = ({"x": ("x", base), f"x+{len(more)} prompts": ("x", base + more)} if more else
+                {"x": ("x", base), "x+prev": ("x+prev", base)})
+    for d in base + more + dev:
         _inputs(w, d, U)
-    print(f"inputs of {len(fit)} fit and {len(dev)} development prompts, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    held = set(np.random.default_rng(up.SEED).permutation(len(fit))[: len(fit) // 4].tolist())
-    costs = {v: [np.full_like(d["kl"], np.inf) for d in dev] for v in VARIANTS}
-    spearman = {v: [] for v in VARIANTS}
-    for u in range(U):
-        if not eligible[u]:
-            continue
-        y = [np.log(d["kl"][u] + up.KL_FLOOR) for d in fit]
-        for v in VARIANTS:
-            X = [_features(d, u, v) for d in fit]
+    print(f"inputs of {len(base) + len(more)} fit and {len(dev)} development prompts, {time.perf_counter() - t0:.0f} s",
+          file=sys.stderr)
+    costs = {v: [np.full_like(d["kl"], np.inf) for d in dev] for v in variants}
+    spearman = {v: [] for v in variants}
+    for v, (kind, fit) in variants.items():
+        held = set(np.random.default_rng(up.SEED).permutation(len(fit))[: len(fit) // 4].tolist())
+        for u in range(U):
+            if not eligible[u]:
+                continue
+            y = [np.log(d["kl"][u] + up.KL_FLOOR) for d in fit]
+            X = [_features(d, u, kind) for d in fit]
             xf = np.concatenate([X[i] for i in range(len(fit)) if i not in held])
             yf = np.concatenate([y[i] for i in range(len(fit)) if i not in held])
             xh = np.concatenate([X[i] for i in held])
             yh = np.concatenate([y[i] for i in held])
             lam, wv, b = up.choose_ridge(xf, yf, xh, yh)
             wv, b = up.fit_ridge(np.concatenate(X), np.concatenate(y), lam)
-            pred_dev = [_features(d, u, v) @ wv + b for d in dev]
+            pred_dev = [_features(d, u, kind) @ wv + b for d in dev]
             for i, p in enumerate(pred_dev):
                 costs[v][i][u] = np.exp(p)
             spearman[v].append(up.spearman(np.concatenate(pred_dev), np.concatenate([np.log(d["kl"][u] + up.KL_FLOOR)
@@ -135,7 +156,7 @@ def main() -> int:
         rows.append(row)
         print(f"{bud}: " + "  ".join(f"{m} {row[m]['top1']:.3f} / {row[m]['kl_mean']:.3f}" for m in methods))
     res = {"what": __doc__.split("\n")[0], "command": "python scripts/router_context_features.py " + " ".join(sys.argv[1:]),
-           "fit_prompts": len(fit), "dev_prompts": len(dev),
+           "fit_prompts": {v: len(fit) for v, (_, fit) in variants.items()}, "dev_prompts": len(dev),
            "within_unit_spearman_dev": {v: round(float(np.mean(s)), 4) for v, s in spearman.items()},
            "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
     atomic_write_json(args.out, res)
