@@ -29,7 +29,8 @@ sets, so their quality figures are different measurements: a full run's baseline
 full run with no full baseline is reported "no baseline", never judged against quick figures
 (until stop 46 it was: a full run's SQuAD F1 over 206 documents against the quick subset's, with
 a warning). Files from before: a full-run record stored under the quick name still serves full
-runs, and quick runs too (as a superset, as the gate always allowed, with its warning).
+runs, and quick runs too (as a superset, as the gate always allowed, with its warning); the
+per-machine quality files go by their names only.
 
 Baselines are written for review: values rounded to what they resolve (6 significant
 digits), raw timing samples in a sidecar ``*.samples.json`` (read back by ``load_baseline``)

@@ -48,7 +48,8 @@ import torch
 
 from reference_engine import Engine
 from reference_engine import router as router_mod
-from rsp_bench.router_curve_measure import HELD_OUT_PROMPTS, Case, Removal, _write_atomic, router_point, static_orders
+from rsp_bench.router_curve_measure import HELD_OUT_PROMPTS, Case, Removal, router_point, static_orders
+from rsp_bench.storage import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV_FILE = ROOT / "fixtures" / "router_curve" / "heldout_2026-12-03.jsonl"
@@ -121,7 +122,7 @@ def write_result(out: Path, doc: str, script: str, tokens: int, n_prompts: int, 
     result = {"what": doc.split("\n")[0], "command": f"python scripts/{script} " + " ".join(sys.argv[1:]),
               "dev_prompts": n_prompts, "tokens": tokens, "threads": torch.get_num_threads(), **extra,
               "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
-    _write_atomic(out, json.dumps(result, indent=1))
+    atomic_write_json(out, result)
     print(f"wrote {out} in {result['seconds']} s")
 
 

@@ -68,6 +68,7 @@ from reference_engine import degradation, ood  # noqa: E402
 from reference_engine.engine import Engine  # noqa: E402
 from rsp_bench.adversarial import machine_text as mt  # noqa: E402
 from rsp_bench.metrics import wilson_interval  # noqa: E402
+from rsp_bench.storage import atomic_write_json  # noqa: E402
 
 DEV_SPLITS = ("degradation_heldout", "degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b",
               "degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04b", "degradation_heldout_2026-12-04c",
@@ -308,7 +309,7 @@ def threshold_sweep(engine: Engine, det: ood.OODDetector, items: list[dict], off
            "command": "python scripts/ood_design.py " + " ".join(argv or sys.argv[1:]),
            "splits": list(DEV_SPLITS), "language_rule": None if rule is None else sorted(rule.min_loss),
            "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
-    out.write_text(json.dumps(res, indent=1))
+    atomic_write_json(out, res)
     return 0
 
 
