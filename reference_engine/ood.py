@@ -230,7 +230,7 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
           byte_ids: frozenset[int] = frozenset(),
           request_tokens: Callable[[], list[int] | None] | None = None,
           scored: tuple[np.ndarray, np.ndarray] | None = None,
-          plain_margin: Callable[[float], float] | None = None, min_coverage: float = 1.0) -> str | None:
+          plain_margin: Callable[[PromptStats], float] | None = None, min_coverage: float = 1.0) -> str | None:
     """The degradation reason for one prefilled prompt (None: prune). The score judges the whole
     content; a whole that looks odd is judged again on its request words alone
     (``degradation.request_words``), and a request that reads as ordinary language is a request
@@ -239,10 +239,9 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
     tokenizer gives no offsets: then whole-word vocabulary pieces stand in); ``pieces`` gives the
     vocabulary's piece table. Both are asked for only when the whole looks odd (decoding the
     vocabulary takes about a second, once per engine). ``scored``: as for ``prompt_stats``.
-    ``plain_margin`` (``degradation.language_rule``, asked only here, with the whole's mean loss):
-    a prompt in a script, at a loss, where pruning spares it as it spares English, whose request
-    words are at least ``min_coverage`` of its content, is odd only above the threshold plus that
-    margin."""
+    ``plain_margin`` (``degradation.language_rule``, asked only here, with the whole's stats): a
+    plain request in a language that pruning spares as it spares English, whose request words are
+    at least ``min_coverage`` of its content, is odd only above the threshold plus that margin."""
     whole = prompt_stats(w, hidden, row, offset, ids, lo, hi, n_chars, byte_ids, scored)
     reason = det.reason(whole)
     if reason != "ood_score":
@@ -254,7 +253,7 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
     words = [i for i in words if max(lo, 1) <= i < hi]
     if words and det.score(subset_stats(w, hidden, row, offset, ids, words, whole, table, byte_ids)) <= det.threshold:
         return None
-    margin = plain_margin(float(whole.nll.mean()) if whole.nll.size else 0.0) if plain_margin is not None else 0.0
+    margin = plain_margin(whole) if plain_margin is not None else 0.0
     if margin > 0 and len(words) >= min_coverage * max(1, hi - max(lo, 1)) and det.score(whole) <= det.threshold + margin:
         return None  # a plain request in a language pruning does not hurt more than English
     return reason

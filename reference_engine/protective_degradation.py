@@ -77,7 +77,7 @@ class ProtectiveDegradation:
             reason = ood.judge(det, w, hidden, b, S - len(r.ids), r.ids, lo, hi, len(r.prompt),
                                self._pieces, self._byte_ids(),
                                lambda r=r, lo=lo, hi=hi: self._request_tokens(r.prompt, r.ids, lo, hi), nll_ent,
-                               (lambda loss, r=r: rule.margin_for(r.prompt, loss)) if rule else None,
+                               (lambda stats, r=r: rule.margin_for(r.prompt, stats.pooled)) if rule else None,
                                rule.min_coverage if rule else 1.0)
             r.degraded_reason = r.degraded_reason or reason
         return logits

@@ -1,28 +1,29 @@
 """Fit protective degradation's language rule (``reference_engine/degradation/language_rule.py``,
-version 2) for the embedded weights, with the three splits kept apart:
+version 3: a damage bank and nearest neighbours) for the embedded weights, with the three splits
+kept apart:
 
-1. **Fit** per script the loss from which pruning spares plain requests as it spares English. On
-   the plain requests of three development splits (``FIT``), each prompt gets pruning's damage at
-   the engine's default configuration (teacher-forced top-1 and KL against pruning off, the
-   detector suspended, 16 tokens; measured now, so a change of the default router or sensitivity
-   is fitted to) and the model's mean loss on it (the score's own, read through the engine's
-   check). Per script, the prompts are pooled from the highest loss down: the script's cut is the
-   lowest loss whose prompts at or above it have, pooled, top-1 at least English's minus 0.01 and
-   KL at most 1.5x English's, over at least ``MIN_TOKENS`` tokens; a script with no such cut is
-   not spared.
-2. **Choose** the rule's coverage and margin on two other development splits (``CHOOSE``): each
-   item written mostly (>= 90% of letters) in a spared script goes through the engine once, and
-   the model-level score of the whole prompt, its mean loss and the request words' share of its
-   content are read. The choice: of a grid, the (coverage, margin) that excuses the most plain
-   requests in other languages while excusing at most 1% of the odd inputs; ties to the larger
-   coverage, then the smaller margin.
+1. **Fit** the damage bank. On the plain requests of three development splits (``FIT``), each
+   prompt gets pruning's damage at the engine's default configuration (teacher-forced top-1 and KL
+   against pruning off, the detector suspended, 16 tokens; measured now, so a change of the default
+   router or sensitivity is fitted to; ``--reuse-fit`` reads the stored rows instead) and the unit
+   direction of its pooled hidden state at ``BLOCK``, read through the engine's own check.
+2. **Choose** the neighbours ``k``, the damage ratio to English and the rule's coverage and margin
+   on two other development splits (``CHOOSE``): every item but the bare payloads goes through the
+   engine once and the score of the whole prompt, its threshold, its pooled direction and the
+   request words' share of its content are read. Each plain request's language is judged on the
+   fit rows: "hurt more" when its mean per-prompt KL is above English's at p < 0.05 (a one-sided
+   permutation test, as ``rsp-bench degradation`` judges one). The choice: of a grid, the setting
+   that excuses the most plain requests in languages not hurt more, minus those in languages hurt
+   more, while excusing at most 1% of the odd inputs; ties to the smaller margin, then the smaller
+   ratio, then the larger coverage.
 3. **Report** on a split that chose nothing: ``rsp-bench degradation`` on the newest held-out
    split.
 
-Writes ``reference_engine/data/calibration/<weights>-script-damage-v2.json`` (``--out`` elsewhere)
-and the per-prompt fit rows (``results/language_rule_fit.json``; ``--reuse-fit`` reads them back
-instead of measuring), atomically. Reads the score through a wrapper of ``ood.judge`` (a
-measurement tool: the engine's path is unchanged). About 25 minutes on 2 cores.
+Writes ``reference_engine/data/calibration/<weights>-language-damage-v3.npz`` (``--out``
+elsewhere), the per-prompt fit rows (``results/language_rule_fit.json``) and the choice's grid
+(``results/language_rule_choice.json``), atomically. Reads the score through a wrapper of
+``ood.judge`` (a measurement tool: the engine's path is unchanged). About 6 minutes on 2 cores with
+``--reuse-fit`` (25 more to measure the fit rows).
 
     python scripts/fit_language_rule.py [--reuse-fit]
 """
@@ -34,16 +35,23 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 FIT = ("degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b", "degradation_heldout_2026-12-04b")
 CHOOSE = ("degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04c")
 FIT_ROWS = REPO / "results" / "language_rule_fit.json"
+CHOICE = REPO / "results" / "language_rule_choice.json"
+BLOCK = 27  # the deepest block the score pools (ood.blocks_for(30)): language sits there, not noise
 MIN_SHARE = 0.9
-MIN_TOKENS = 128  # 8 prompts of 16 tokens: the fewest a script's spared part is pooled over
+KS = (4, 8, 16)
+KL_RATIOS = (1.0, 1.25, 1.5, 2.0)
 COVERAGES = (0.5, 0.7, 0.8, 0.9)
-MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0)
 MAX_ODD_EXCUSED = 0.01
+KL_ALPHA = 0.05  # as rsp_bench.degradation_report.KL_ALPHA
 DAMAGE_TOKENS = 16  # as rsp-bench degradation's --damage-tokens default
+BATCH = 8
 
 
 def _items(split: str) -> list[dict]:
@@ -61,35 +69,47 @@ def _engine():
     return _ENGINE[0]
 
 
-def read_prompt(text: str) -> dict:
-    """What the engine's check sees of one prompt, the language rule left out: the score of the
-    whole, its threshold, the whole's mean loss (nats per scored token), the request words' share
-    of the content, and the reason it would degrade for (None: pruned)."""
+def read_prompts(texts: list[str]) -> list[dict]:
+    """What the engine's check sees of each prompt, the language rule left out: the score of the
+    whole, its threshold, the whole's pooled direction at ``BLOCK``, the request words' share of the
+    content, and the reason it would degrade for (None: pruned). Batches of ``BATCH`` prompts of
+    similar length, as ``rsp-bench degradation`` runs them."""
     from reference_engine import PruningConfig, ood
 
-    seen: dict = {}
     judge = ood.judge
+    seen: list[dict] = []
 
     def reading_judge(det, w, hidden, row, offset, ids, lo, hi, *args, **kwargs):
         whole = ood.prompt_stats(w, hidden, row, offset, ids, lo, hi, args[0], args[2] if len(args) > 2 else frozenset(),
                                  args[4] if len(args) > 4 else kwargs.get("scored"))
-        seen.update(score=float(det.score(whole)), threshold=float(det.threshold),
-                    loss=float(whole.nll.mean()) if whole.nll.size else 0.0)
         tokens = args[3] if len(args) > 3 else kwargs.get("request_tokens")
         words = tokens() if tokens is not None else None
-        seen["coverage"] = (len([i for i in words if max(lo, 1) <= i < hi]) / max(1, hi - max(lo, 1))
-                            if words is not None else 0.0)
+        seen.append({"row": row, "score": float(det.score(whole)), "threshold": float(det.threshold),
+                     "pooled": whole.pooled[BLOCK],
+                     "coverage": (len([i for i in words if max(lo, 1) <= i < hi]) / max(1, hi - max(lo, 1))
+                                  if words is not None else 0.0)})
         kwargs["plain_margin"] = None  # the score as it was before the rule
         return judge(det, w, hidden, row, offset, ids, lo, hi, *args[:5], **kwargs)
 
+    engine = _engine()
+    order = sorted(range(len(texts)), key=lambda i: len(engine.encode(texts[i])))
+    out: list[dict] = [{} for _ in texts]
+    cfg = PruningConfig(mode="lossy", sensitivity=0.5, hardware_watermark=0.0)
     ood.judge = reading_judge
     try:
-        cfg = PruningConfig(mode="lossy", sensitivity=0.5, hardware_watermark=0.0)
-        (res,) = _engine().generate([text], max_new_tokens=1, config=cfg)
+        for at in range(0, len(order), BATCH):
+            batch = order[at:at + BATCH]
+            seen.clear()
+            results = engine.generate([texts[i] for i in batch], max_new_tokens=1, config=cfg)
+            by_row = {s.pop("row"): s for s in seen}
+            for b, (i, res) in enumerate(zip(batch, results)):
+                out[i] = {"score": None, "threshold": None, "pooled": None, "coverage": 0.0, **by_row.get(b, {}),
+                          "reason": res.stats["degraded_reason"]}
+            print(f"\rread {min(at + BATCH, len(order))}/{len(order)}", end="", file=sys.stderr, flush=True)
     finally:
         ood.judge = judge
-    return {"loss": None, "score": None, "threshold": None, "coverage": 0.0, **seen,
-            "reason": res.stats["degraded_reason"]}
+    print(file=sys.stderr)
+    return out
 
 
 def measure_fit_rows() -> list[dict]:
@@ -105,76 +125,61 @@ def measure_fit_rows() -> list[dict]:
             d = damage(_engine(), x["text"], DAMAGE_TOKENS)
             script, share = dominant_script(x["text"])
             rows.append({"split": split, "id": x["id"], "lang": "en" if x["group"] == "plain_en" else x["lang"],
-                         "script": script, "share": round(share, 4), "loss": read_prompt(x["text"])["loss"],
+                         "script": script, "share": round(share, 4),
                          "tokens": d["tokens"], "top1_hits": d["top1_hits"], "kl_mean": d["kl_mean"]})
             print(f"\rfit {split}: {i + 1}/{len(plain)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
     return rows
 
 
-def _pool(rows: list[dict]) -> dict:
-    n = sum(r["tokens"] for r in rows)
-    return {"top1": sum(r["top1_hits"] for r in rows) / max(n, 1),
-            "kl_mean": sum(r["kl_mean"] * r["tokens"] for r in rows) / max(n, 1), "tokens": n, "prompts": len(rows)}
+def verdicts(rows: list[dict]) -> dict[str, bool]:
+    """Per language of the fit rows: True where pruning hurts it more than English (mean per-prompt
+    KL above English's at ``KL_ALPHA``, one-sided permutation test)."""
+    from rsp_bench.metrics.intervals import permutation_mean_greater_p
+
+    en = [r["kl_mean"] for r in rows if r["lang"] == "en"]
+    langs = sorted({r["lang"] for r in rows} - {"en"})
+    return {L: permutation_mean_greater_p([r["kl_mean"] for r in rows if r["lang"] == L], en, seed=26) < KL_ALPHA
+            for L in langs}
 
 
-def fit_cuts(rows: list[dict]) -> tuple[dict[str, float], dict]:
-    """Per script, the lowest loss whose plain requests at or above it are, pooled, hurt no more
-    than English's (``min_loss``), and the evidence."""
-    en = _pool([r for r in rows if r["lang"] == "en"])
-    top1_min, kl_max = en["top1"] - 0.01, 1.5 * en["kl_mean"]
-    cuts, table = {}, {}
-    scripts = sorted({r["script"] for r in rows if r["lang"] != "en" and r["script"]})
-    for script in scripts:
-        mine = sorted((r for r in rows if r["lang"] != "en" and r["script"] == script and r["share"] >= MIN_SHARE
-                       and r["loss"] is not None), key=lambda r: -r["loss"])
-        table[script] = {"all": {k: round(v, 4) for k, v in _pool(mine).items()}}
-        for k in range(len(mine), 0, -1):  # the most prompts first: the lowest cut that holds
-            part = _pool(mine[:k])
-            if part["tokens"] >= MIN_TOKENS and part["top1"] >= top1_min and part["kl_mean"] <= kl_max:
-                cuts[script] = round(mine[k - 1]["loss"], 4)
-                table[script]["spared"] = {**{q: round(v, 4) for q, v in part.items()}, "min_loss": cuts[script]}
-                break
-    return cuts, {"english": {k: round(v, 4) for k, v in en.items()},
-                  "criterion": f"pooled top-1 >= {top1_min:.4f} and KL <= {kl_max:.4f} over >= {MIN_TOKENS} tokens",
-                  "scripts": table}
-
-
-def score_items(cuts: dict[str, float]) -> list[dict]:
+def choose(rows: list[dict], bank, hurt: dict[str, bool]) -> tuple[dict, dict]:
+    """The grid's best setting (module docstring) and the grid."""
     from reference_engine.degradation.language_rule import dominant_script
 
-    rows = []
-    for split in CHOOSE:
-        items = [x for x in _items(split) if x["group"] != "payload_alone"]
-        for i, x in enumerate(items):
-            script, share = dominant_script(x["text"])
-            row = {"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"], "script": script}
-            if script in cuts and share >= MIN_SHARE:
-                row.update(read_prompt(x["text"]))
-            rows.append(row)
-            print(f"\rchoose {split}: {i + 1}/{len(items)}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
-    return rows
-
-
-def choose(rows: list[dict], cuts: dict[str, float]) -> tuple[float, float, dict]:
-    by_score = [r for r in rows if r.get("reason") == "ood_score"]
+    by_score = [r for r in rows if r["reason"] == "ood_score" and r["pooled"] is not None
+                and dominant_script(r["text"])[1] >= MIN_SHARE]
     n_odd = sum(1 for r in rows if r["group"] == "odd")
-    grid = {}
-    for c in COVERAGES:
-        for m in MARGINS:
-            counts = {g: sum(1 for r in by_score if r["group"] == g and r["coverage"] >= c
-                             and r["score"] <= r["threshold"] + m and r["loss"] >= cuts[r["script"]])
-                      for g in ("plain_language", "data_request", "odd")}
-            grid[f"coverage={c},margin={m}"] = counts
-    ok = [(counts["plain_language"], c, -m) for c in COVERAGES for m in MARGINS
-          if (counts := grid[f"coverage={c},margin={m}"])["odd"] <= MAX_ODD_EXCUSED * n_odd]
-    _, c, neg_m = max(ok)
-    summary = {"items": len(rows), "odd_items": n_odd,
-               "degraded_by_score": {g: sum(1 for r in by_score if r["group"] == g)
-                                     for g in ("plain_language", "plain_en", "data_request", "odd")},
-               "grid": grid}
-    return c, -neg_m, summary
+    english = bank.english_kl
+    grid, best = {}, None
+    for k in KS:
+        near = [bank.__class__(bank.block, bank.bank, bank.kl, bank.lang, k, 1.0, 0.0, 0.0, 0.0, {}).estimate(r["pooled"])
+                for r in by_score]
+        for ratio in KL_RATIOS:
+            for c in COVERAGES:
+                for m in MARGINS:
+                    excused = [r for r, (kl, lang) in zip(by_score, near)
+                               if lang != "en" and kl <= ratio * english and r["coverage"] >= c
+                               and r["score"] <= r["threshold"] + m]
+                    counts = {"odd": sum(r["group"] == "odd" for r in excused),
+                              "data_request": sum(r["group"] == "data_request" for r in excused),
+                              "plain_en": sum(r["group"] == "plain_en" for r in excused),
+                              "spared_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is False
+                                                     for r in excused),
+                              "hurt_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is True
+                                                   for r in excused),
+                              "unjudged_language": sum(r["group"] == "plain_language" and r["lang"] not in hurt
+                                                       for r in excused)}
+                    key = f"k={k},kl_ratio={ratio},coverage={c},margin={m}"
+                    grid[key] = counts
+                    if counts["odd"] <= MAX_ODD_EXCUSED * n_odd:
+                        rank = (counts["spared_language"] - counts["hurt_language"], -m, -ratio, c, k)
+                        if best is None or rank > best[0]:
+                            best = (rank, {"k": k, "kl_ratio": ratio, "min_coverage": c, "margin": m, "key": key})
+    degraded = {g: sum(1 for r in rows if r["reason"] is not None and r["group"] == g)
+                for g in ("plain_language", "plain_en", "data_request", "odd")}
+    return best[1], {"items": len(rows), "odd_items": n_odd, "degraded_without_the_rule": degraded,
+                     "by_score_in_one_script": len(by_score), "grid": grid}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,38 +193,54 @@ def main(argv: list[str] | None = None) -> int:
     from reference_engine.degradation import language_rule
     from reference_engine.engine import weights_digest
     from reference_engine.model_loading import resolve_model
-    from rsp_bench.storage import atomic_write_text
+    from rsp_bench.storage import atomic_write_json
 
     default = PruningConfig()
     if a.reuse_fit:
         fit_rows = json.loads(FIT_ROWS.read_text())["rows"]
     else:
         fit_rows = measure_fit_rows()
-        atomic_write_text(FIT_ROWS, json.dumps({
-            "what": "per plain request of the language rule's fit splits: pruning's damage at the default and the mean loss",
+        atomic_write_json(FIT_ROWS, {
+            "what": "per plain request of the language rule's fit splits: pruning's damage at the default",
             "command": "python scripts/fit_language_rule.py", "splits": list(FIT), "damage_tokens": DAMAGE_TOKENS,
             "config": {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity},
-            "rows": fit_rows}, indent=1) + "\n")
-    cuts, table = fit_cuts(fit_rows)
-    table["measured_with"] = {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity,
-                              "damage_tokens": DAMAGE_TOKENS}
-    print(f"spared (script: lowest loss, fitted on {', '.join(FIT)}): {cuts}", file=sys.stderr)
-    rows = score_items(cuts)
-    c, m, summary = choose(rows, cuts)
-    print(f"chosen on {', '.join(CHOOSE)}: coverage {c}, margin {m}; {summary['grid'][f'coverage={c},margin={m}']}",
-          file=sys.stderr)
+            "rows": fit_rows})
+    texts = {(split, x["id"]): x["text"] for split in FIT for x in _items(split)}
+    read = read_prompts([texts[(r["split"], r["id"])] for r in fit_rows])
+    keep = [(r, s) for r, s in zip(fit_rows, read) if s["pooled"] is not None]  # a text rule took the rest
+    en = [r["kl_mean"] for r, _ in keep if r["lang"] == "en"]
+    hurt = verdicts(fit_rows)
+    bank = language_rule.LanguageRule(
+        BLOCK, np.stack([s["pooled"] / max(np.linalg.norm(s["pooled"]), 1e-12) for _, s in keep]).astype(np.float32),
+        np.array([r["kl_mean"] for r, _ in keep], np.float32), tuple(r["lang"] for r, _ in keep), 8, 1.5, MIN_SHARE,
+        1.0, 0.0, {})
+    print(f"bank: {len(keep)} of {len(fit_rows)} fit requests ({len(en)} English, KL {np.mean(en):.4f}); "
+          f"not hurt more than English: {sorted(L for L, h in hurt.items() if not h)}", file=sys.stderr)
+    rows = [{"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"], "lang": x.get("lang"),
+             "text": x["text"]} for split in CHOOSE for x in _items(split) if x["group"] != "payload_alone"]
+    for r, s in zip(rows, read_prompts([r["text"] for r in rows])):
+        r.update(s)
+    chosen, summary = choose(rows, bank, hurt)
+    print(f"chosen on {', '.join(CHOOSE)}: {chosen['key']}: {summary['grid'][chosen['key']]}", file=sys.stderr)
     sha = weights_digest(resolve_model(None)[1])
     out = a.out or language_rule.rule_path(REPO / "reference_engine" / "data", sha)
-    doc = {"version": language_rule.VERSION, "weights_sha256": sha, "min_loss": cuts, "min_share": MIN_SHARE,
-           "min_coverage": c, "margin": m,
-           "info": {"command": "python scripts/fit_language_rule.py", "fitted_on": list(FIT), "chosen_on": list(CHOOSE),
-                    "rule": f"spared: per script, the lowest mean prompt loss whose plain requests at or above it are, "
-                            f"pooled, {table['criterion']}; chosen: most plain_language excused with odd excused "
-                            f"<= {MAX_ODD_EXCUSED:.0%}",
-                    "damage": table, "choice": summary}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {out}", file=sys.stderr)
+    info = {"command": "python scripts/fit_language_rule.py", "fitted_on": list(FIT), "chosen_on": list(CHOOSE),
+            "measured_with": {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity,
+                              "damage_tokens": DAMAGE_TOKENS},
+            "english": {"prompts": len(en), "kl_mean": round(float(np.mean(en)), 4)},
+            "not_hurt_more_in_fit": sorted(L for L, h in hurt.items() if not h),
+            "rule": "a plain request whose k nearest bank requests (cosine of the pooled direction) are mostly not "
+                    "English and have a mean KL <= kl_ratio x English's is judged against the threshold + margin; "
+                    f"chosen: most excused in languages not hurt more minus those hurt more, odd excused <= "
+                    f"{MAX_ODD_EXCUSED:.0%}",
+            "choice": chosen["key"], "choice_counts": summary["grid"][chosen["key"]]}
+    rule = language_rule.LanguageRule(BLOCK, bank.bank, bank.kl, bank.lang, chosen["k"], chosen["kl_ratio"], MIN_SHARE,
+                                      chosen["min_coverage"], chosen["margin"], info)
+    language_rule.save(out, sha, rule)
+    atomic_write_json(CHOICE, {"what": "the language rule's choice (version 3) on the choose splits",
+                               "command": "python scripts/fit_language_rule.py " + " ".join(argv or sys.argv[1:]),
+                               "chosen": chosen, **summary})
+    print(f"wrote {out} and {CHOICE.relative_to(REPO)}", file=sys.stderr)
     return 0
 
 

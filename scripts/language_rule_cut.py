@@ -53,6 +53,10 @@ def main() -> int:
     items = pickle.loads(args.cache.read_bytes())["items"]
     engine = Engine.load()
     det, rule = engine.ood_detector(), engine.language_rule()
+    if not hasattr(rule, "min_loss"):
+        print("error: this script records stop 43's decision against the version-2 rule (a loss cut per script); "
+              "the packaged rule is version 3 since stop 47: run it at commit e68dcfe", file=sys.stderr)
+        return 2
     texts = {(split, x["id"]): x["text"] for split in od.DEV_SPLITS
              for x in map(json.loads, (ROOT / "fixtures" / split / "prompts.jsonl").read_text().splitlines())}
     fit = json.loads((ROOT / "results" / "language_rule_fit_predictor_v2.json").read_text())["rows"]

@@ -156,7 +156,7 @@ def collect(engine: Engine, limit: int | None = None, calib_cache: Path | None =
             words = ood.request_words.request_tokens(ids, max(lo, 1), hi, table.classes)
         words = [i for i in words if max(lo, 1) <= i < hi]
         sub = ood.subset_stats(w, hidden, row, offset, ids, words, whole, table, byte_ids) if words else None
-        margin = plain_margin(float(whole.nll.mean()) if whole.nll.size else 0.0) if plain_margin else 0.0
+        margin = plain_margin(whole) if plain_margin else 0.0
         cover = len(words) >= min_coverage * max(1, hi - max(lo, 1))
         captured.append((whole, sub, margin, cover))
         return real_judge(det, w, hidden, row, offset, ids, lo, hi, n_chars, pieces, byte_ids, request_tokens, scored,
@@ -285,8 +285,7 @@ def threshold_sweep(engine: Engine, det: ood.OODDetector, items: list[dict], off
         it = {**it, "text_reason": degradation.text_anomaly_reason(text)}
         if it["check"] is not None:
             whole, sub, _, cover = it["check"]
-            mean_loss = float(whole.nll.mean()) if whole.nll.size else 0.0
-            it["check"] = (whole, sub, rule.margin_for(text, mean_loss) if rule is not None else 0.0, cover)
+            it["check"] = (whole, sub, rule.margin_for(text, whole.pooled) if rule is not None else 0.0, cover)
         judged.append(it)
     base = det.threshold
     rows = []
@@ -307,7 +306,7 @@ def threshold_sweep(engine: Engine, det: ood.OODDetector, items: list[dict], off
         det.threshold = base
     res = {"what": "the packaged score's threshold moved, every group's degraded share on the development splits",
            "command": "python scripts/ood_design.py " + " ".join(argv or sys.argv[1:]),
-           "splits": list(DEV_SPLITS), "language_rule": None if rule is None else sorted(rule.min_loss),
+           "splits": list(DEV_SPLITS), "language_rule": None if rule is None else rule.info.get("choice"),
            "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
     atomic_write_json(out, res)
     return 0

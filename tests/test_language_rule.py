@@ -4,13 +4,29 @@ prompts get a margin, and that a missing, damaged or foreign rule file gives non
 from __future__ import annotations
 
 import json
-import math
 
+import numpy as np
 import pytest
 
 from reference_engine.degradation import language_rule as lr
 
-RULE = lr.LanguageRule({"Latin": 5.0, "Greek": 0.0}, min_share=0.9, min_coverage=0.9, margin=1.0, info={})
+D = 8
+
+
+def _unit(i: int, tilt: int | None = None) -> np.ndarray:
+    v = np.zeros(D, np.float32)
+    v[i] = 1.0
+    if tilt is not None:
+        v[tilt] = 0.2
+    return v / np.linalg.norm(v)
+
+
+# a bank of three languages along three axes: English (KL 0.10), Swahili, which pruning spares as
+# it spares English (0.12), and German, which it hurts (0.50)
+BANK = np.stack([_unit(0, 3)] * 3 + [_unit(1, 3)] * 3 + [_unit(2, 3)] * 3)
+RULE = lr.LanguageRule(27, BANK, np.array([0.1] * 3 + [0.12] * 3 + [0.5] * 3, np.float32),
+                       ("en",) * 3 + ("sw",) * 3 + ("de",) * 3, k=3, kl_ratio=1.5, min_share=0.9, min_coverage=0.8,
+                       margin=1.0, info={})
 
 
 @pytest.mark.parametrize("text, script, share", [
@@ -23,17 +39,33 @@ def test_dominant_script(text, script, share):
     assert lr.dominant_script(text) == (script, pytest.approx(share))
 
 
-@pytest.mark.parametrize("text, loss, margin", [
-    ("Miten voin vaihtaa salasanani?", 5.5, 1.0),  # Latin at a loss above its cut: spared
-    ("Miten voin vaihtaa salasanani?", 5.0, 1.0),  # at the cut itself
-    ("Miten voin vaihtaa salasanani?", 4.9, 0.0),  # Latin the model reads well: pruning hurts it more
-    ("Πώς αλλάζω τον κωδικό μου;", 0.1, 1.0),  # a script spared whole (cut 0)
-    ("Как мне сменить пароль?", 9.0, 0.0),  # Cyrillic: not in the spared set at any loss
-    ("Wie heißt das auf Russisch: пароль, логин, сервер, ключ", 9.0, 0.0),  # Latin under 90% of the letters
-    ("", 9.0, 0.0),
+@pytest.mark.parametrize("text, pooled, margin", [
+    ("Nawezaje kubadilisha nenosiri langu?", {27: _unit(1)}, 1.0),  # reads as Swahili: spared
+    ("Nawezaje kubadilisha nenosiri langu?", {27: 5 * _unit(1, 4)}, 1.0),  # any length, near Swahili
+    ("Wie ändere ich mein Passwort?", {27: _unit(2)}, 0.0),  # reads as German: pruning hurts it more
+    ("How do I change my password?", {27: _unit(0)}, 0.0),  # English-like: the yardstick, never excused
+    ("Wie heißt das auf Russisch: пароль, логин, сервер, ключ", {27: _unit(1)}, 0.0),  # under 90% one script
+    ("Nawezaje kubadilisha nenosiri langu?", {22: _unit(1)}, 0.0),  # no direction at the bank's block
+    ("", {27: _unit(1)}, 0.0),
 ])
-def test_margin_for(text, loss, margin):
-    assert RULE.margin_for(text, loss) == margin
+def test_margin_for(text, pooled, margin):
+    assert RULE.margin_for(text, pooled) == margin
+
+
+def test_estimate_is_the_neighbours_mean_damage_and_language():
+    kl, lang = RULE.estimate(_unit(2))
+    assert lang == "de" and kl == pytest.approx(0.5)
+    assert RULE.english_kl == pytest.approx(0.1)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    sha = "ab" * 32
+    path = lr.rule_path(tmp_path / "data", sha)
+    lr.save(path, sha, RULE)
+    back = lr.load(path, sha)
+    assert back is not None and back.lang == RULE.lang and back.k == 3 and back.margin == 1.0
+    np.testing.assert_allclose(back.bank, RULE.bank, atol=1e-3)  # stored as float16
+    assert not list(path.parent.glob("*.tmp*"))  # written through a temporary file
 
 
 def test_load_refuses_missing_damaged_and_foreign_files(tmp_path):
@@ -41,20 +73,25 @@ def test_load_refuses_missing_damaged_and_foreign_files(tmp_path):
     path = lr.rule_path(tmp_path, sha)
     assert lr.load(path, sha) is None  # missing
     path.parent.mkdir(parents=True)
-    path.write_text("{not json")
+    path.write_bytes(b"not a zip")
     assert lr.load(path, sha) is None  # damaged
-    good = {"version": lr.VERSION, "weights_sha256": sha, "min_loss": {"Latin": 5.25}, "min_share": 0.9,
-            "min_coverage": 0.9, "margin": 1.0, "info": {"fitted_on": ["x"]}}
-    path.write_text(json.dumps(good))
-    rule = lr.load(path, sha)
-    assert rule is not None and rule.scripts == {"Latin"} and rule.min_loss == {"Latin": 5.25} and rule.margin == 1.0
+    lr.save(path, sha, RULE)
+    assert lr.load(path, sha) is not None
     assert lr.load(path, "cd" * 32) is None  # other weights
-    path.write_text(json.dumps({**good, "version": lr.VERSION + 1}))
-    assert lr.load(path, sha) is None  # other version
-    path.write_text(json.dumps({**good, "margin": None}))
-    assert lr.load(path, sha) is None  # a field of the wrong type
-    path.write_text(json.dumps({**good, "min_loss": ["Latin"]}))
-    assert lr.load(path, sha) is None  # version 1's list of scripts under version 2's field
+
+    def rewrite(**meta_change):
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = {**json.loads(str(arrays["meta"])), **meta_change}
+        np.savez(path.with_suffix(""), **{**arrays, "meta": np.array(json.dumps(meta))})
+        return path  # np.savez appends .npz
+
+    assert lr.load(rewrite(version=lr.VERSION + 1), sha) is None  # other version
+    assert lr.load(rewrite(version=lr.VERSION, margin=None), sha) is None  # a field of the wrong type
+    lr.save(path, sha, lr.LanguageRule(27, BANK[:4], RULE.kl[:3], RULE.lang[:3], 3, 1.5, 0.9, 0.8, 1.0, {}))
+    assert lr.load(path, sha) is None  # bank and damage of different lengths
+    lr.save(path, sha, lr.LanguageRule(27, BANK[3:6], RULE.kl[3:6], RULE.lang[3:6], 3, 1.5, 0.9, 0.8, 1.0, {}))
+    assert lr.load(path, sha) is None  # no English rows: no yardstick
 
 
 def test_the_packaged_rule_loads_for_the_embedded_weights():
@@ -63,18 +100,20 @@ def test_the_packaged_rule_loads_for_the_embedded_weights():
     import reference_engine
 
     data = Path(reference_engine.__file__).parent / "data" / "calibration"
-    files = sorted(data.glob(f"*-script-damage-v{lr.VERSION}.json"))
+    files = sorted(data.glob(f"*-language-damage-v{lr.VERSION}.npz"))
     assert files, f"no packaged language rule in {data}"
-    doc = json.loads(files[0].read_text())
-    rule = lr.load(files[0], doc["weights_sha256"])
-    assert rule is not None and rule.margin > 0 and 0 < rule.min_coverage <= 1
+    with np.load(files[0]) as z:
+        sha = json.loads(str(z["meta"]))["weights_sha256"]
+    rule = lr.load(files[0], sha)
+    assert rule is not None and rule.margin > 0 and 0 < rule.min_coverage <= 1 and rule.k >= 1
+    assert len(rule.bank) == len(rule.lang) >= 100 and "en" in rule.lang
     # the splits it was fitted and chosen on are named, and neither is the report split
     info = rule.info
     assert set(info["fitted_on"]).isdisjoint(info["chosen_on"])
     used = set(info["fitted_on"]) | set(info["chosen_on"])
     assert used.isdisjoint({"degradation_heldout_2026-12-04d", "degradation_heldout_2026-12-05",
                             "degradation_heldout_2026-12-05b", "degradation_heldout_2026-12-05c",
-                            "degradation_heldout_2026-12-05d"})  # reported blind
+                            "degradation_heldout_2026-12-05d", "degradation_heldout_2026-12-05e"})  # reported blind
 
 
 class _FixedScore:
@@ -116,7 +155,7 @@ def test_judge_applies_the_margin_only_to_covered_prompts(tiny_engine, over, mar
     seen: list[float] = []
     reason = ood.judge(_FixedScore(over), eng.weights, hidden, 0, 0, ids, lo, hi, 60, eng._pieces, frozenset(),
                        lambda: list(range(lo, lo + n_words)), None,
-                       (lambda loss: seen.append(loss) or margin), 0.9)
+                       (lambda stats: seen.append(stats) or margin), 0.9)
     assert reason == expected
-    # the rule is asked with the whole prompt's mean loss (nats), which its cut is compared with
-    assert all(math.isfinite(x) and x > 0 for x in seen)
+    # the rule is asked with the whole prompt's stats, whose pooled directions it looks up
+    assert all(isinstance(x, ood.PromptStats) and x.pooled for x in seen)

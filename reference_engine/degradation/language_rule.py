@@ -3,63 +3,85 @@ pruning does to it, not by how unfamiliar it looks.
 
 The model-level score (``reference_engine.ood``) reads an ordinary request in a language the model
 knows less well as odd, as it reads shuffled words or a cipher as odd. Degrading is protection
-only where pruning does more damage than on English. Measured per language (12-04c report, unit
-router at 0.5), that damage runs *against* unfamiliarity: a language's mean prompt loss and
-pruning's KL there have Spearman -0.66 over 46 languages, English included
-(scripts/language_loss_damage.py). The languages the model barely reads (Swahili, Welsh, Estonian,
-Basque: loss 5.6-6.1 nats) lose less than English does (KL 0.27-0.29 against 0.31), the ones it
-reads well (German, French, Russian, Japanese) two to five times more. So the score, which fires
-on unfamiliar text, degraded mostly languages pruning spares and left most of those it hurts.
+only where pruning does more damage than on English. That damage does not follow unfamiliarity:
+at the default of 2026-12-05 (the unit router, predictor v3, the share controller) the languages
+the model barely reads (Swahili, Estonian, Basque, Lithuanian, Zulu) lose no more than English
+does, while scripts and languages it reads well (German, French, Russian, Chinese) lose two to
+seven times more; within Latin the prompt's loss no longer separates them (docs/degradation.md).
+Version 2 cut each script at a loss and spared nothing at that default.
 
-Version 2 keys the damage on both: per script, the prompts' mean loss (the score's own per-token
-loss, already computed) from the highest down. For each script the damage of pruning at the
-default configuration was measured per plain request (teacher-forced top-1 and KL against pruning
-off, on plain requests of fit splits) and kept per weights (``<weights>-script-damage-v2.json``,
-beside the score): ``min_loss[script]`` is the lowest loss such that the plain requests at or
-above it are, pooled, hurt no more than English's (0.0: the whole script). A *plain request*
-(most of its letters in one script; its request words, ``request_words``, most of its content)
-in a spared script at a loss at or above its cut is judged by the score against a higher
-threshold, the margin; odd input that reads as words in such a script (shuffled words, a cipher,
-sorted lines) is still caught above it. The margin and the coverage were chosen on development
-splits that the table was not fitted on; the file names both.
+Version 3 asks the measured damage of the prompts the model reads as the same language. The rule
+file holds a *damage bank*: plain requests of fit splits, each with pruning's damage measured at
+the default configuration (teacher-forced KL against pruning off, 16 tokens) and the unit
+direction of its pooled hidden state at one block, the score's own (``PromptStats.pooled``). For
+a prompt the score finds odd, the ``k`` nearest bank requests by cosine estimate what pruning
+would do to it: when most of them are not English (English's damage is the yardstick, so an
+English-like prompt the score finds odd is word salad, not another language) and their mean KL is
+at most ``kl_ratio`` times English's (the bank's English rows), a *plain request* (most of its
+letters in one script; its request words most of its content) is judged against the score's
+threshold plus ``margin``. Odd input that reads as words of such a language (shuffled words, a
+cipher) is still caught above it. ``k``, ``kl_ratio`` and the margin were chosen on development
+splits the bank was not fitted on; the file names them.
 
-Must NOT import ``rsp_bench``, torch or other modules of this package but ``chars``. Stdlib only.
+Must NOT import ``rsp_bench``, torch, or other modules of this package but ``chars``; numpy and
+the stdlib only.
 """
 
 from __future__ import annotations
 
 import json
 import unicodedata
+import zipfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .chars import _script_of
 
-VERSION = 2  # 2: a loss cut per spared script (version 1 spared whole scripts)
+VERSION = 3  # 3: a damage bank of measured plain requests, nearest neighbours (2: a loss cut per script)
 
 
 @dataclass(frozen=True)
 class LanguageRule:
-    """Which scripts pruning spares as it spares English, and how a plain request in one is judged."""
+    """Which plain requests in other languages pruning spares as it spares English, and how such a
+    request is judged."""
 
-    min_loss: dict[str, float]  # spared script -> mean prompt loss (nats) from which its plain requests are spared
+    block: int  # the block whose pooled direction the bank holds (one of the score's)
+    bank: np.ndarray  # [N, D] float32 unit directions of the bank's requests
+    kl: np.ndarray  # [N] pruning's measured mean KL on each (nats per token)
+    lang: tuple[str, ...]  # [N] each one's language ("en" for English)
+    k: int  # neighbours asked
+    kl_ratio: float  # spared when the neighbours' mean KL <= kl_ratio x English's
     min_share: float  # the dominant script's share of the prompt's letters
     min_coverage: float  # request words' share of the scored content tokens
     margin: float  # added to the score's threshold for such a request
-    info: dict  # the evidence: per-script figures, English's, the splits
+    info: dict  # the evidence: English's figures, the splits, the choice
 
     @property
-    def scripts(self) -> frozenset[str]:
-        return frozenset(self.min_loss)
+    def english_kl(self) -> float:
+        return float(self.kl[[x == "en" for x in self.lang]].mean())
 
-    def margin_for(self, text: str, mean_loss: float) -> float:
-        """The margin this prompt gets: ``margin`` when its letters are mostly one spared script
-        and the model's mean loss on it (nats per token, the score's own) reaches that script's
-        cut, else 0 (the coverage is checked where the request words are known)."""
-        script, share = dominant_script(text)
-        cut = self.min_loss.get(script) if script is not None else None
-        return self.margin if cut is not None and share >= self.min_share and mean_loss >= cut else 0.0
+    def estimate(self, pooled: np.ndarray) -> tuple[float, str]:
+        """Pruning's damage on a prompt with this pooled direction as its ``k`` nearest bank
+        requests measured it (mean KL), and their most common language."""
+        v = np.asarray(pooled, np.float32)
+        sims = self.bank @ (v / max(float(np.linalg.norm(v)), 1e-12))
+        near = np.argsort(-sims, kind="stable")[: self.k]
+        return float(self.kl[near].mean()), Counter(self.lang[i] for i in near).most_common(1)[0][0]
+
+    def margin_for(self, text: str, pooled: dict[int, np.ndarray]) -> float:
+        """The margin this prompt gets: ``margin`` when its letters are mostly one script and its
+        nearest bank requests are another language that pruning hurts no more than English (within
+        ``kl_ratio``), else 0 (the coverage is checked where the request words are known)."""
+        if self.block not in pooled:
+            return 0.0
+        _, share = dominant_script(text)
+        if share < self.min_share:
+            return 0.0
+        kl, lang = self.estimate(pooled[self.block])
+        return self.margin if lang != "en" and kl <= self.kl_ratio * self.english_kl else 0.0
 
 
 def dominant_script(text: str) -> tuple[str | None, float]:
@@ -73,17 +95,33 @@ def dominant_script(text: str) -> tuple[str | None, float]:
 
 
 def rule_path(folder: Path, weights_sha256: str) -> Path:
-    return folder / "calibration" / f"{weights_sha256[:16]}-script-damage-v{VERSION}.json"
+    return folder / "calibration" / f"{weights_sha256[:16]}-language-damage-v{VERSION}.npz"
+
+
+def save(path: Path, weights_sha256: str, rule: LanguageRule) -> None:
+    """Write the rule atomically (a temporary file beside it, then a rename)."""
+    meta = {"version": VERSION, "weights_sha256": weights_sha256, "block": rule.block, "k": rule.k,
+            "kl_ratio": rule.kl_ratio, "min_share": rule.min_share, "min_coverage": rule.min_coverage,
+            "margin": rule.margin, "info": rule.info}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), bank=rule.bank.astype(np.float16),
+                        kl=rule.kl.astype(np.float32), lang=np.array(rule.lang))
+    tmp.replace(path)
 
 
 def load(path: Path, weights_sha256: str) -> LanguageRule | None:
     """The stored rule, or None when missing, damaged, of another version or other weights (then
     no prompt gets a margin: the score alone decides, as before the rule)."""
     try:
-        d = json.loads(path.read_text())
+        with np.load(path, allow_pickle=False) as z:
+            d = json.loads(str(z["meta"]))
+            bank, kl, lang = z["bank"].astype(np.float32), z["kl"].astype(np.float32), tuple(str(x) for x in z["lang"])
         if d.get("version") != VERSION or d.get("weights_sha256") != weights_sha256:
             return None
-        return LanguageRule({str(k): float(v) for k, v in d["min_loss"].items()}, float(d["min_share"]),
+        if bank.ndim != 2 or len(bank) != len(kl) or len(kl) != len(lang) or "en" not in lang:
+            return None
+        return LanguageRule(int(d["block"]), bank, kl, lang, int(d["k"]), float(d["kl_ratio"]), float(d["min_share"]),
                             float(d["min_coverage"]), float(d["margin"]), dict(d.get("info", {})))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
         return None
