@@ -1,0 +1,61 @@
+"""What the language rule itself does on a reported split (issue 26): the split's plain requests
+in other languages, odd inputs and data requests go through the engine twice, with the packaged
+language rule and with it unloaded, and the degraded counts are printed per group ("not hurt more"
+and "hurt more" as the split's own report judged each language).
+
+    python scripts/language_rule_effect.py --report results/degradation_heldout_2026-12-05e.json
+
+Run only on a split that has had its one report (it re-reads its prompts; it chooses nothing).
+Result (stop 47, 12-05e, 8.7 min on 2 cores): with the rule 26 / 72 and 34 / 120, odd 102 / 150,
+data 3 / 160 (equal to the report's); without it 34 / 72 and 39 / 120, odd 102 / 150, data 3 / 160.
+
+Must not be imported by the engine or the harness; it records a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = ("lang_not_hurt", "lang_hurt", "odd", "data_request")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--report", type=Path, required=True, help="the split's rsp-bench degradation report (JSON)")
+    a = ap.parse_args(argv)
+    try:
+        rep = json.loads(a.report.read_text())
+        prompts = ROOT / rep["prompts"] if not Path(rep["prompts"]).is_absolute() else Path(rep["prompts"])
+        items = [json.loads(line) for line in prompts.read_text().splitlines() if line.strip()]
+        damage = rep["languages_damage"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: cannot read the report {a.report}: {e}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))
+    from reference_engine import Engine, PruningConfig
+
+    not_hurt = {L for L, v in damage.items() if L != "en" and not v["hurts_more_than_en"]}
+    items = [x for x in items if x["group"] in ("plain_language", "odd", "data_request")]
+    engine = Engine.load(None)
+    cfg = PruningConfig(mode="lossy", sensitivity=0.5, hardware_watermark=0.0)
+    for label, rule in (("with the rule", None), ("without it", False)):
+        engine._language_rule, engine._language_rule_file = rule, None  # None: loaded again on first use
+        count: collections.Counter = collections.Counter()
+        for at in range(0, len(items), 8):
+            batch = items[at:at + 8]
+            for x, r in zip(batch, engine.generate([x["text"] for x in batch], max_new_tokens=1, config=cfg)):
+                g = x["group"] if x["group"] != "plain_language" else (
+                    "lang_not_hurt" if x["lang"] in not_hurt else "lang_hurt")
+                count[g, "n"] += 1
+                count[g, "degraded"] += r.stats["degraded_reason"] is not None
+        print(label, {g: f"{count[g, 'degraded']}/{count[g, 'n']}" for g in GROUPS}, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
