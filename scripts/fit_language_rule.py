@@ -31,6 +31,7 @@ elsewhere), the per-prompt fit rows (``results/language_rule_fit.json``) and the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -49,7 +50,6 @@ KL_RATIOS = (1.0, 1.25, 1.5, 2.0)
 COVERAGES = (0.5, 0.7, 0.8, 0.9)
 MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0)
 MAX_ODD_EXCUSED = 0.01
-KL_ALPHA = 0.05  # as rsp_bench.degradation_report.KL_ALPHA
 DAMAGE_TOKENS = 16  # as rsp-bench degradation's --damage-tokens default
 BATCH = 8
 
@@ -113,8 +113,8 @@ def read_prompts(texts: list[str]) -> list[dict]:
 
 
 def measure_fit_rows() -> list[dict]:
-    """Per plain request of the fit splits: its language and script, pruning's damage at the
-    default configuration and the model's mean loss on it."""
+    """Per plain request of the fit splits: its language and script and pruning's damage at the
+    default configuration."""
     from reference_engine.degradation.language_rule import dominant_script
     from rsp_bench.degradation_report import damage
 
@@ -135,6 +135,7 @@ def measure_fit_rows() -> list[dict]:
 def verdicts(rows: list[dict]) -> dict[str, bool]:
     """Per language of the fit rows: True where pruning hurts it more than English (mean per-prompt
     KL above English's at ``KL_ALPHA``, one-sided permutation test)."""
+    from rsp_bench.degradation_report import KL_ALPHA
     from rsp_bench.metrics.intervals import permutation_mean_greater_p
 
     en = [r["kl_mean"] for r in rows if r["lang"] == "en"]
@@ -153,8 +154,7 @@ def choose(rows: list[dict], bank, hurt: dict[str, bool]) -> tuple[dict, dict]:
     english = bank.english_kl
     grid, best = {}, None
     for k in KS:
-        near = [bank.__class__(bank.block, bank.bank, bank.kl, bank.lang, k, 1.0, 0.0, 0.0, 0.0, {}).estimate(r["pooled"])
-                for r in by_score]
+        near = [dataclasses.replace(bank, k=k).estimate(r["pooled"]) for r in by_score]
         for ratio in KL_RATIOS:
             for c in COVERAGES:
                 for m in MARGINS:
@@ -196,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     from rsp_bench.storage import atomic_write_json
 
     default = PruningConfig()
+    from reference_engine import ood
+
+    n_layers = _engine().weights.dims.n_layers
+    if BLOCK not in ood.blocks_for(n_layers):
+        print(f"error: block {BLOCK} is not one the score pools for {n_layers} layers ({ood.blocks_for(n_layers)})",
+              file=sys.stderr)
+        return 2
     if a.reuse_fit:
         fit_rows = json.loads(FIT_ROWS.read_text())["rows"]
     else:
@@ -234,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"chosen: most excused in languages not hurt more minus those hurt more, odd excused <= "
                     f"{MAX_ODD_EXCUSED:.0%}",
             "choice": chosen["key"], "choice_counts": summary["grid"][chosen["key"]]}
-    rule = language_rule.LanguageRule(BLOCK, bank.bank, bank.kl, bank.lang, chosen["k"], chosen["kl_ratio"], MIN_SHARE,
-                                      chosen["min_coverage"], chosen["margin"], info)
+    rule = dataclasses.replace(bank, k=chosen["k"], kl_ratio=chosen["kl_ratio"], min_coverage=chosen["min_coverage"],
+                               margin=chosen["margin"], info=info)
     language_rule.save(out, sha, rule)
     atomic_write_json(CHOICE, {"what": "the language rule's choice (version 3) on the choose splits",
                                "command": "python scripts/fit_language_rule.py " + " ".join(argv or sys.argv[1:]),
