@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rsp_bench.cli import _check_model_path as check_model_path
+from rsp_bench.cli_checks import check_model_path
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

