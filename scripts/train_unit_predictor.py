@@ -14,7 +14,9 @@ development prompts.
 splits through 2026-12-05d (``router_oracle.extra_training_prompts("2026-12-05d")``, none a curve
 prompt) that are not already in the packaged text, in that list's fixed order. The candidate for
 predictor version 4 (issue 25: on cached labels, 284 prompts instead of 164 lowered KL by 5-18%
-from 2 blocks' worth on, results/router_more_text_v3_dev.json); about 70 min on 2 idle cores.
+from 2 blocks' worth on, results/router_more_text_v3_dev.json); 60 min on 2 idle cores. Trained
+and compared in stop 48 (``scripts/compare_predictor_curve.py``, results/predictor_v4_curve_dev.json):
+worse than version 3 up to 3 blocks' worth, so not adopted (docs/unit-router.md).
 
 Must not be imported by the engine or the harness; it records a design decision.
 """
