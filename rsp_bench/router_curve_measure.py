@@ -39,10 +39,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -56,6 +54,7 @@ from reference_engine.sensitivity_scale import TUNE_PROMPTS
 from reference_engine.unit_predictor import unit_bytes
 from rsp_bench import metrics
 from rsp_bench.engines.reference import random_units, shortgpt_units, unit_budget_bracket
+from rsp_bench.storage import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,19 +107,6 @@ def read_held_out(path: Path) -> tuple[str, ...]:
     if not prompts:
         raise ValueError("no prompts")
     return prompts
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared results file from others
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 class Case:
@@ -408,6 +394,6 @@ def run(args: argparse.Namespace) -> int:
         "chosen_sensitivities": curve["chosen_sensitivities"], "held_out": curve["held_out"], "speed": curve["speed"],
         "seconds": round(time.perf_counter() - t0, 1), "static_orders": curve["static_orders"],
     }
-    _write_atomic(args.out, json.dumps(result, indent=1))
+    atomic_write_text(args.out, json.dumps(result, indent=1))
     print(f"wrote {args.out} in {result['seconds']} s")
     return 0

@@ -25,7 +25,8 @@ import numpy as np
 from reference_engine import Engine, PruningConfig
 from reference_engine import router as router_mod
 from reference_engine import sensitivity_scale as ss
-from rsp_bench.router_curve_measure import HELD_OUT_PROMPTS, _write_atomic
+from rsp_bench.router_curve_measure import HELD_OUT_PROMPTS
+from rsp_bench.storage import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +59,7 @@ def main() -> int:
     router_mod.CTL_GAIN = default_gain
     out = {"what": __doc__.split("\n")[0], "command": "python scripts/choose_ctl_gain.py " + " ".join(sys.argv[1:]),
            "prompts": len(prompts), "target_share": 0.1, "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
-    _write_atomic(args.out, json.dumps(out, indent=1))
+    atomic_write_text(args.out, json.dumps(out, indent=1))
     print(f"wrote {args.out} in {out['seconds']} s")
     return 0
 

@@ -38,7 +38,8 @@ import torch
 
 from reference_engine import Engine
 from reference_engine import router as router_mod
-from rsp_bench.router_curve_measure import HELD_OUT_PROMPTS, Case, Removal, _write_atomic, router_point, static_orders
+from rsp_bench.router_curve_measure import HELD_OUT_PROMPTS, Case, Removal, router_point, static_orders
+from rsp_bench.storage import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV_FILE = ROOT / "fixtures" / "router_curve" / "heldout_2026-12-03.jsonl"
@@ -97,7 +98,7 @@ def main() -> int:
     result = {"what": __doc__.split("\n")[0], "command": "python scripts/choose_unit_prior.py " + " ".join(sys.argv[1:]),
               "dev_prompts": len(dev_prompts), "tokens": args.tokens, "threads": torch.get_num_threads(),
               "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
-    _write_atomic(args.out, json.dumps(result, indent=1))
+    atomic_write_text(args.out, json.dumps(result, indent=1))
     print(f"wrote {args.out} in {result['seconds']} s")
     return 0
 

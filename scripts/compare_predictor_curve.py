@@ -30,7 +30,8 @@ import torch
 
 from reference_engine import Engine
 from reference_engine import unit_predictor as up
-from rsp_bench.router_curve_measure import _write_atomic, measure_curve, read_held_out
+from rsp_bench.router_curve_measure import measure_curve, read_held_out
+from rsp_bench.storage import atomic_write_text
 
 
 def lead_table(rows: list[dict]) -> dict[int, dict]:
@@ -85,10 +86,10 @@ def main() -> int:
               "candidate_report": cand.report, "packaged_result": str(args.against),
               "packaged": old, "candidate": new, "candidate_curve": curve,
               "seconds": round(time.perf_counter() - t0, 1)}
-    _write_atomic(args.out, json.dumps(result, indent=1))
+    atomic_write_text(args.out, json.dumps(result, indent=1))
     print("target | packaged: blocks, top-1 lead, KL vs best static (lowest static) | candidate: the same")
-    for t in sorted(set(old) | set(new), key=int):
-        a, b = old.get(t) or old.get(str(t)), new.get(t)
+    for t in sorted(set(old) | set(new)):
+        a, b = old.get(t), new.get(t)
         fa = f"{a['blocks_worth']:.2f}, {100 * a['lead_top1']:+.1f}, {a['router_kl']:.3f} vs {a['best_static_kl']:.3f} ({a['lowest_static_kl']:.3f})" if a else "-"
         fb = f"{b['blocks_worth']:.2f}, {100 * b['lead_top1']:+.1f}, {b['router_kl']:.3f} vs {b['best_static_kl']:.3f} ({b['lowest_static_kl']:.3f})" if b else "-"
         print(f"{t} | {fa} | {fb}")
