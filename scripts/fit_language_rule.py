@@ -26,6 +26,14 @@ elsewhere), the per-prompt fit rows (``results/language_rule_fit.json``) and the
 ``--reuse-fit`` (25 more to measure the fit rows).
 
     python scripts/fit_language_rule.py [--reuse-fit]
+    python scripts/fit_language_rule.py --reuse-fit --fit-more --out /tmp/more.npz   # stop 49's comparison
+
+Stop 49's six-split bank (``--fit-more``, 1,264 requests; the 723 new rows took 16 min on 2 idle
+cores, the choice 9 more) chose k 8, ratio 1.0, coverage 0.9, margin 2.0. On the development split
+12-05b (``scripts/language_rule_effect.py --also``) it left 54 of the 144 plain requests in languages
+12-05b's report finds not hurt more degraded, the same bank with the packaged rule's k, ratio,
+coverage and margin 49, the packaged rule 47, no rule 60; odd inputs (117 / 150) and data requests
+(1 / 160) the same in all four. Not adopted (results/language_rule_more_effect_dev.json).
 """
 
 from __future__ import annotations
@@ -35,11 +43,16 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 FIT = ("degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b", "degradation_heldout_2026-12-04b")
+# Stop 49 tried a bank of six splits (these three and 12-05c, 12-05d, 12-05e: --fit-more); on the
+# development split 12-05b it spared fewer requests than the packaged rule, so it was not adopted
+# (docs/degradation.md, results/language_rule_fit_more_dev.json).
+FIT_MORE = FIT + ("degradation_heldout_2026-12-05c", "degradation_heldout_2026-12-05d", "degradation_heldout_2026-12-05e")
 CHOOSE = ("degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04c")
 FIT_ROWS = REPO / "results" / "language_rule_fit.json"
 CHOICE = REPO / "results" / "language_rule_choice.json"
@@ -112,14 +125,19 @@ def read_prompts(texts: list[str]) -> list[dict]:
     return out
 
 
-def measure_fit_rows() -> list[dict]:
+def measure_fit_rows(fit: tuple[str, ...], stored: list[dict], save: Callable[[list[dict]], None]) -> list[dict]:
     """Per plain request of the fit splits: its language and script and pruning's damage at the
-    default configuration."""
+    default configuration. The ``stored`` rows of a split are kept (``--reuse-fit``); a split with
+    none is measured and ``save``d as soon as it is done, so an interrupted run keeps its splits."""
     from reference_engine.degradation.language_rule import dominant_script
     from rsp_bench.degradation_report import damage
 
     rows = []
-    for split in FIT:
+    for split in fit:
+        kept = [r for r in stored if r["split"] == split]
+        if kept:
+            rows += kept
+            continue
         plain = [x for x in _items(split) if x["group"] in ("plain_language", "plain_en")]
         for i, x in enumerate(plain):
             d = damage(_engine(), x["text"], DAMAGE_TOKENS)
@@ -129,6 +147,7 @@ def measure_fit_rows() -> list[dict]:
                          "tokens": d["tokens"], "top1_hits": d["top1_hits"], "kl_mean": d["kl_mean"]})
             print(f"\rfit {split}: {i + 1}/{len(plain)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
+        save(rows)
     return rows
 
 
@@ -185,9 +204,18 @@ def choose(rows: list[dict], bank, hurt: dict[str, bool]) -> tuple[dict, dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="rule file (default: the packaged one for the embedded weights)")
+    p.add_argument("--fit-more", action="store_true",
+                   help="fit on FIT_MORE's six splits; writes results/language_rule_{fit,choice}_more_dev.json and "
+                        "needs --out (a development comparison, never the packaged rule)")
     p.add_argument("--reuse-fit", action="store_true",
-                   help=f"read the fit rows from {FIT_ROWS.relative_to(REPO)} instead of measuring them")
+                   help=f"keep the fit rows {FIT_ROWS.relative_to(REPO)} holds; measure only the splits it lacks")
     a = p.parse_args(argv)
+    if a.fit_more and a.out is None:
+        print("error: --fit-more needs --out (it must not replace the packaged rule)", file=sys.stderr)
+        return 2
+    fit = FIT_MORE if a.fit_more else FIT
+    rows_file = FIT_ROWS.with_name("language_rule_fit_more_dev.json") if a.fit_more else FIT_ROWS
+    choice_file = CHOICE.with_name("language_rule_choice_more_dev.json") if a.fit_more else CHOICE
     sys.path.insert(0, str(REPO))
     from reference_engine.config import PruningConfig
     from reference_engine.degradation import language_rule
@@ -203,16 +231,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: block {BLOCK} is not one the score pools for {n_layers} layers ({ood.blocks_for(n_layers)})",
               file=sys.stderr)
         return 2
-    if a.reuse_fit:
-        fit_rows = json.loads(FIT_ROWS.read_text())["rows"]
-    else:
-        fit_rows = measure_fit_rows()
-        atomic_write_json(FIT_ROWS, {
+    config = {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity}
+    stored: list[dict] = []
+    reuse_from = rows_file if rows_file.exists() or not a.fit_more else FIT_ROWS  # FIT_MORE starts with FIT
+    if a.reuse_fit and reuse_from.exists():
+        old = json.loads(reuse_from.read_text())
+        if old.get("config") != config or old.get("damage_tokens") != DAMAGE_TOKENS:
+            print(f"error: {reuse_from.relative_to(REPO)} was measured at {old.get('config')}, "
+                  f"{old.get('damage_tokens')} tokens; the default is {config}, {DAMAGE_TOKENS} tokens: "
+                  "run without --reuse-fit", file=sys.stderr)
+            return 2
+        stored = old["rows"]
+
+    def save(rows: list[dict]) -> None:
+        atomic_write_json(rows_file, {
             "what": "per plain request of the language rule's fit splits: pruning's damage at the default",
-            "command": "python scripts/fit_language_rule.py", "splits": list(FIT), "damage_tokens": DAMAGE_TOKENS,
-            "config": {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity},
-            "rows": fit_rows})
-    texts = {(split, x["id"]): x["text"] for split in FIT for x in _items(split)}
+            "command": "python scripts/fit_language_rule.py" + (" --fit-more" if a.fit_more else ""), "splits": sorted({r["split"] for r in rows}),
+            "damage_tokens": DAMAGE_TOKENS, "config": config, "rows": rows})
+
+    fit_rows = measure_fit_rows(fit, stored, save)
+    texts = {(split, x["id"]): x["text"] for split in fit for x in _items(split)}
     read = read_prompts([texts[(r["split"], r["id"])] for r in fit_rows])
     keep = [(r, s) for r, s in zip(fit_rows, read) if s["pooled"] is not None]  # a text rule took the rest
     en = [r["kl_mean"] for r, _ in keep if r["lang"] == "en"]
@@ -231,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chosen on {', '.join(CHOOSE)}: {chosen['key']}: {summary['grid'][chosen['key']]}", file=sys.stderr)
     sha = weights_digest(resolve_model(None)[1])
     out = a.out or language_rule.rule_path(REPO / "reference_engine" / "data", sha)
-    info = {"command": "python scripts/fit_language_rule.py", "fitted_on": list(FIT), "chosen_on": list(CHOOSE),
+    info = {"command": "python scripts/fit_language_rule.py", "fitted_on": list(fit), "chosen_on": list(CHOOSE),
             "measured_with": {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity,
                               "damage_tokens": DAMAGE_TOKENS},
             "english": {"prompts": len(en), "kl_mean": round(float(np.mean(en)), 4)},
@@ -244,10 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     rule = dataclasses.replace(bank, k=chosen["k"], kl_ratio=chosen["kl_ratio"], min_coverage=chosen["min_coverage"],
                                margin=chosen["margin"], info=info)
     language_rule.save(out, sha, rule)
-    atomic_write_json(CHOICE, {"what": "the language rule's choice (version 3) on the choose splits",
+    atomic_write_json(choice_file, {"what": "the language rule's choice (version 3) on the choose splits",
                                "command": "python scripts/fit_language_rule.py " + " ".join(argv or sys.argv[1:]),
                                "chosen": chosen, **summary})
-    print(f"wrote {out} and {CHOICE.relative_to(REPO)}", file=sys.stderr)
+    print(f"wrote {out} and {choice_file.relative_to(REPO)}", file=sys.stderr)
     return 0
 
 

@@ -4,8 +4,13 @@ language rule and with it unloaded, and the degraded counts are printed per grou
 and "hurt more" as the split's own report judged each language).
 
     python scripts/language_rule_effect.py --report results/degradation_heldout_2026-12-05e.json
+    python scripts/language_rule_effect.py --report R --also OTHER_RULE.npz [--only-also]
 
-Run only on a split that has had its one report (it re-reads its prompts; it chooses nothing).
+``--also`` adds an arm with another rule file for the same weights (stop 49 compared a six-split
+bank with the packaged rule this way on 12-05b, results/language_rule_more_effect_dev.json).
+
+Run only on a split that has had its one report (it re-reads its prompts; a comparison of rules
+makes it a split that chose, which a reported split may be).
 Result (stop 47, 12-05e, 8.7 min on 2 cores): with the rule 26 / 72 and 34 / 120, odd 102 / 150,
 data 3 / 160 (equal to the report's); without it 34 / 72 and 39 / 120, odd 102 / 150, data 3 / 160.
 
@@ -27,7 +32,13 @@ GROUPS = ("lang_not_hurt", "lang_hurt", "odd", "data_request")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--report", type=Path, required=True, help="the split's rsp-bench degradation report (JSON)")
+    ap.add_argument("--also", type=Path, default=None,
+                    help="a third arm: another rule file for the same weights (an earlier fit, say)")
+    ap.add_argument("--only-also", action="store_true", help="run the --also arm alone")
     a = ap.parse_args(argv)
+    if a.only_also and a.also is None:
+        print("error: --only-also needs --also FILE", file=sys.stderr)
+        return 2
     try:
         rep = json.loads(a.report.read_text())
         prompts = ROOT / rep["prompts"] if not Path(rep["prompts"]).is_absolute() else Path(rep["prompts"])
@@ -42,9 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     not_hurt = {L for L, v in damage.items() if L != "en" and not v["hurts_more_than_en"]}
     items = [x for x in items if x["group"] in ("plain_language", "odd", "data_request")]
     engine = Engine.load(None)
+    arms: list[tuple[str, object, str | None]] = [("with the rule", None, None), ("without it", False, None)]
+    if a.also is not None:
+        from reference_engine.degradation import language_rule
+
+        other = language_rule.load(a.also, engine.weights_sha256)
+        if other is None:
+            print(f"error: --also {a.also}: not a language rule for weights {engine.weights_sha256[:16]}",
+                  file=sys.stderr)
+            return 2
+        arms = arms[2:] if a.only_also else arms
+        arms.append((f"with {a.also.name}", other, a.also.name))
     cfg = PruningConfig(mode="lossy", sensitivity=0.5, hardware_watermark=0.0)
-    for label, rule in (("with the rule", None), ("without it", False)):
-        engine._language_rule, engine._language_rule_file = rule, None  # None: loaded again on first use
+    for label, rule, file in arms:
+        engine._language_rule, engine._language_rule_file = rule, file  # None: loaded again on first use
         count: collections.Counter = collections.Counter()
         for at in range(0, len(items), 8):
             batch = items[at:at + 8]
