@@ -18,12 +18,21 @@ from 2 blocks' worth on, results/router_more_text_v3_dev.json); 60 min on 2 idle
 and compared in stop 48 (``scripts/compare_predictor_curve.py``, results/predictor_v4_curve_dev.json):
 worse than version 3 up to 3 blocks' worth, so not adopted (docs/unit-router.md).
 
+``--maps packaged`` keeps the packaged predictor's unit maps (fitted on version 3's own text) and
+fits only the ridges on the new labels, which are collected through those maps: the configuration
+whose cached-label experiment lowered KL, and the one change of the two the version-4 candidate
+made at once (stop 49). The script swaps ``unit_predictor.fit_unit_maps`` for the packaged maps
+in this process only; the engine's code is untouched.
+
+    python scripts/train_unit_predictor.py --labels token --extra 116 --more 120 --maps packaged --out /tmp/upt5
+
 Must not be imported by the engine or the harness; it records a design decision.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,11 +42,21 @@ from reference_engine import unit_predictor as up
 
 
 
+# glibc's heap, not a leak: with the packaged maps, label collection grew by about 0.6 GB a prompt
+# (stop 49: killed by the OOM killer at 30 of 284 prompts on 24 GB); with large blocks served by
+# mmap it stays at 1.4 GB. The variables must be set before the interpreter starts, hence re-exec.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "2"}
+
+
 def main() -> int:
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--labels", choices=("sequence", "token"), default="token")
     ap.add_argument("--extra", type=int, default=0, help="plain English requests added to the training prompts")
     ap.add_argument("--more", type=int, default=0, help="plain English requests of later splits added after --extra")
+    ap.add_argument("--maps", choices=("fit", "packaged"), default="fit",
+                    help="fit new unit maps on the training text, or keep the packaged predictor's")
     ap.add_argument("--out", type=Path, required=True, help="folder to write unit_predictor/<sha16>-v<N>.npz into")
     args = ap.parse_args()
     extra = up.training_prompts()[len(up.TRAIN_PROMPTS):]  # the packaged extra text, read by its one loader
@@ -58,6 +77,18 @@ def main() -> int:
             return 2
         prompts += tuple(later[: args.more])
     engine = Engine.load(None)
+    if args.maps == "packaged":
+        packaged = engine.unit_predictor()  # the packaged copy (it would be trained here only if none were)
+        if packaged is None or packaged.map_use is None:
+            print("error: --maps packaged: no packaged unit predictor with maps for these weights", file=sys.stderr)
+            return 2
+
+        def packaged_maps(*_args, **_kwargs):
+            return (packaged.map_down.copy(), packaged.map_up.copy(), packaged.map_use.copy(),
+                    {k: v for k, v in packaged.report.items() if k.startswith(("map_", "kl_identity", "kl_map"))}
+                    | {"maps_from": "packaged predictor"})
+
+        up.fit_unit_maps = packaged_maps
     last = [0.0]
 
     def progress(msg: str) -> None:
@@ -69,7 +100,7 @@ def main() -> int:
                     kernel=engine.decode_kernel, labels=args.labels)
     path = up.save(pred, args.out)
     rep = pred.report
-    print(f"{path}: {len(prompts)} prompts, {args.labels} labels, held-out within-unit Spearman "
+    print(f"{path}: {len(prompts)} prompts, {args.labels} labels, {args.maps} maps, held-out within-unit Spearman "
           f"{rep['spearman_predicted_vs_kl_within_unit_mean']:.3f}, {rep['train_seconds']} s", file=sys.stderr)
     return 0
 
