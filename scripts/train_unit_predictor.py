@@ -26,6 +26,9 @@ in this process only; the engine's code is untouched.
 
     python scripts/train_unit_predictor.py --labels token --extra 116 --more 120 --maps packaged --out /tmp/upt5
 
+Result (stop 49, 3,510 s, results/predictor_v3maps_284_curve_dev.json): the same shape as version
+4's candidate, worse to 2.3 blocks' worth and better from 4; not adopted (docs/unit-router.md).
+
 Must not be imported by the engine or the harness; it records a design decision.
 """
 
