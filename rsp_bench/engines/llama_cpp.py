@@ -51,6 +51,13 @@ THREADS_ENV = "RSP_LLAMA_CPP_THREADS"
 # it has no such layout). Off by default, so every rung runs llama.cpp's plain CPU kernels;
 # RSP_LLAMA_CPP_EXTRA_BUFFERS=1 turns them back on where the machine really has them.
 EXTRA_BUFFERS_ENV = "RSP_LLAMA_CPP_EXTRA_BUFFERS"
+# Weights are read into the process's own memory, not mapped from the page cache. Mapped, a
+# rung's decode speed followed the history of its file's cached pages: on one Intel runner,
+# after a memory-heavy job, Q4_K_M decoded at 58-62 tok/s against 72-74 in its baseline runs
+# (Q4_1, Q8_0 and F32 unchanged) and the speed gate failed CI; dropping the page cache gave
+# 76-80 again. A copy costs the file's size in RAM (about 0.9 GB for the four rungs) and makes
+# the layout the same on every load.
+USE_MMAP = False
 # Context the Llama objects are made with: the longest quick or full extraction prompt plus its
 # answer fits with room. With logits for every position, llama-cpp-python keeps an
 # n_ctx x vocab float32 array per rung (2048 x 49,152 x 4 B = 400 MB), so not the model's 8k.
@@ -200,7 +207,7 @@ class LlamaCppAdapter:
             with _model_params(self.llama_cpp, self.extra_buffers):
                 llm = self.llama_cpp.Llama(model_path=str(path), n_ctx=self.n_ctx, n_threads=self.n_threads,
                                            n_threads_batch=self.n_threads, logits_all=True, n_gpu_layers=0,
-                                           seed=0, verbose=False)
+                                           use_mmap=USE_MMAP, seed=0, verbose=False)
             if bool(llm.model_params.use_extra_bufts) != self.extra_buffers:
                 raise HarnessInputError(f"llama-cpp-python {llama_cpp_version()} ignored use_extra_bufts="
                                         f"{self.extra_buffers}; this adapter is written against 0.3.36")
