@@ -1,19 +1,7 @@
-"""Roofline projection of one decode step onto a GPU profile: projected tokens/s, GPU busy
-time, idle fraction, and the GPU time that residual-stream pruning frees.
-
-One analysis per function:
-- ``decode_step_ops``: the operators of one decode step, in launch order, with FLOPs,
-  bytes and kernel counts (the work model);
-- ``op_time_s``: the roofline time of one operator on one profile;
-- ``simulate_step``: the host/GPU timeline of a list of operators (launch overheads,
-  GPU idle time);
-- ``project_decode`` / ``project_pruning``: the two above applied to a model shape;
-- ``bytes_per_token`` / ``cpu_ideal_speedup``: weight bytes per token, for the achieved
-  bandwidth figure (gpt-fast style) and the ideal speed-up pruning implies on a CPU.
-
-Every figure here is a projection from datasheet numbers and stated assumptions
-(``rsp_bench.profiles``), never a measurement; the class is called ``Projection`` and
-table headers say "projected".
+"""The work model of one decode step: a Llama-family decoder's shape (``ModelShape``), the
+operators of one step in launch order with FLOPs, bytes and kernel counts (``decode_step_ops``),
+and the weight bytes a token reads (``bytes_per_token``, ``cpu_ideal_speedup``: the achieved-
+bandwidth figure, gpt-fast style, and the speed-up skipped bytes would give a bandwidth-bound CPU).
 
 Must NOT import transformers, torch or the engine: it prices a shape, not a model.
 """
@@ -21,11 +9,10 @@ Must NOT import transformers, torch or the engine: it prices a shape, not a mode
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from rsp_bench.errors import HarnessInputError
-from rsp_bench.profiles import HardwareProfile, get_profile, normalize_dtype
 
 # Kernels an eager PyTorch decode loop launches per operator. Assumption, to be checked
 # against a measured kernel trace of the engine (override with ``kernel_counts=``):
@@ -228,7 +215,7 @@ def _check_bypass(bypass_kind: str, bypass_rank: int) -> str:
     return bypass_kind
 
 
-def _block_fractions(shape: ModelShape, executed_blocks: float | Sequence[float] | None
+def block_fractions(shape: ModelShape, executed_blocks: float | Sequence[float] | None
                      ) -> list[float]:
     """Per block, the share of decode tokens on which it runs.
 
@@ -277,7 +264,7 @@ def decode_step_ops(shape: ModelShape, batch: int, context: int, dtype_bytes: fl
     ``context`` is the number of cached positions attention reads (the current token
     included); its K/V bytes are part of the attention op. ``executed_blocks``: None for
     all blocks, a mean number of blocks per token, or a per-block share (see
-    ``_block_fractions``). Each block emits its executed ops with ``count`` = its share and
+    ``block_fractions``). Each block emits its executed ops with ``count`` = its share and
     its bypass ops with ``count`` = 1 - share; ops with count 0 are left out.
     ``router_*`` add the pruning router's own cost per block (a score kernel, Python).
     """
@@ -342,7 +329,7 @@ def decode_step_ops(shape: ModelShape, batch: int, context: int, dtype_bytes: fl
         return ops
 
     ops: list[Op] = [Op("embedding", flops=0.0, bytes=2 * b * d * s, kernels=kc["embedding"])]
-    for i, share in enumerate(_block_fractions(shape, executed_blocks)):
+    for i, share in enumerate(block_fractions(shape, executed_blocks)):
         if router_kernels_per_block or router_host_us_per_block:
             # the score is a norm or two of the stream: tiny, floor-bound kernels
             ops.append(Op("router", flops=4.0 * b * d if router_kernels_per_block else 0.0,
@@ -360,239 +347,6 @@ def decode_step_ops(shape: ModelShape, batch: int, context: int, dtype_bytes: fl
     return ops
 
 
-def op_time_s(op: Op, profile: HardwareProfile | str, dtype: str = "fp16") -> float:
-    """GPU time of one execution of ``op``: the roofline, floored by the minimal kernel time.
-
-    roofline = max(flops / (peak * compute_efficiency), bytes / (bandwidth *
-    bandwidth_efficiency)); floor = kernels * min_kernel_us, because every kernel costs at
-    least that however little it does. ``count`` is not applied here.
-    """
-    prof = get_profile(profile)
-    peak = prof.peak_tflops(dtype) * 1e12 * prof.compute_efficiency
-    bandwidth = prof.hbm_gbs * 1e9 * prof.bandwidth_efficiency
-    roofline = max(op.flops / peak, op.bytes / bandwidth)
-    return max(roofline, op.kernels * prof.min_kernel_us * 1e-6)
-
-
-@dataclass(frozen=True)
-class StepTimeline:
-    """Projected timeline of one step: times in seconds."""
-
-    span_s: float   # step start to the later of last kernel end and host work end
-    busy_s: float   # sum of kernel durations (kernels of one stream never overlap)
-    host_s: float   # host time: step overhead, launches, other host work
-    kernels: float  # kernels launched (a mean, when ops have fractional counts)
-
-    @property
-    def idle_s(self) -> float:
-        return self.span_s - self.busy_s
-
-    @property
-    def idle_fraction(self) -> float:
-        return self.idle_s / self.span_s if self.span_s > 0 else 0.0
-
-
-def simulate_step(ops: Sequence[Op], profile: HardwareProfile | str, dtype: str = "fp16",
-                  kernel_launch_us: float | None = None,
-                  host_step_overhead_us: float | None = None) -> StepTimeline:
-    """Host/GPU timeline of one step that ends in a host synchronisation (sampling).
-
-    The step starts with ``host_step_overhead_us`` of host work (the previous token's
-    sync, Python), during which the GPU is idle. Then the host launches kernels one after
-    another, each costing ``kernel_launch_us`` of host time; kernel i starts on the GPU at
-    max(end of kernel i-1, end of its launch) and runs for its op's time divided evenly
-    among the op's kernels. An op with count c < 1 costs c times its host and GPU time
-    (the expected cost; see ``_block_fractions``). busy = sum of kernel durations; the
-    span runs to the last kernel end, and is at least the host time.
-    """
-    prof = get_profile(profile)
-    launch = (prof.kernel_launch_us if kernel_launch_us is None else kernel_launch_us) * 1e-6
-    overhead = (prof.host_step_overhead_us if host_step_overhead_us is None
-                else host_step_overhead_us) * 1e-6
-    if launch < 0 or overhead < 0:
-        raise HarnessInputError(
-            f"launch / host overheads must be >= 0, got {kernel_launch_us!r}, "
-            f"{host_step_overhead_us!r}"
-        )
-    host = overhead
-    gpu_free = 0.0
-    busy = 0.0
-    kernels = 0.0
-    for op in ops:
-        if op.count == 0:
-            continue
-        host += op.host_us * 1e-6 * op.count
-        if op.kernels == 0:
-            continue
-        per_kernel = op_time_s(op, prof, dtype) / op.kernels * op.count
-        for _ in range(op.kernels):
-            host += launch * op.count
-            start = max(gpu_free, host)
-            gpu_free = start + per_kernel
-            busy += per_kernel
-        kernels += op.kernels * op.count
-    return StepTimeline(span_s=max(host, gpu_free), busy_s=busy, host_s=host, kernels=kernels)
-
-
-@dataclass(frozen=True)
-class Projection:
-    """Projected (not measured) decode figures for one profile and one configuration.
-
-    ``busy_ms_per_token`` is GPU busy time per decode step, i.e. per token of each of the
-    ``batch`` sequences; ``tokens_per_s`` counts all sequences together.
-    """
-
-    profile: str
-    dtype: str
-    batch: int
-    context: int
-    executed_blocks: float
-    tokens_per_s: float
-    busy_ms_per_token: float
-    step_ms: float
-    idle_fraction: float
-    bytes_per_step: float
-    flops_per_step: float
-    kernels_per_step: float
-    host_ms_per_step: float
-    limited_by: str  # "host" when launches and host work outlast GPU busy time, else "gpu"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def project_decode(shape: ModelShape, profile: HardwareProfile | str, dtype: str = "fp16",
-                   batch: int = 1, context: int = 512,
-                   executed_blocks: float | Sequence[float] | None = None,
-                   bypass_kind: str = "identity", bypass_rank: int = 0,
-                   kernel_counts: Mapping[str, int] | None = None,
-                   router_kernels_per_block: int = 0,
-                   router_host_us_per_block: float = 0.0) -> Projection:
-    """Projected decode figures of ``shape`` on ``profile`` (see ``simulate_step``)."""
-    prof = get_profile(profile)
-    kind = normalize_dtype(dtype)
-    prof.peak_tflops(kind)  # bf16 on a card without BF16 fails here, naming the card
-    ops = decode_step_ops(shape, batch, context, 2, executed_blocks, bypass_kind,
-                          bypass_rank, kernel_counts, router_kernels_per_block,
-                          router_host_us_per_block)
-    tl = simulate_step(ops, prof, kind)
-    return Projection(
-        profile=prof.name,
-        dtype=kind,
-        batch=batch,
-        context=context,
-        executed_blocks=sum(_block_fractions(shape, executed_blocks)),
-        tokens_per_s=batch / tl.span_s,
-        busy_ms_per_token=tl.busy_s * 1e3,
-        step_ms=tl.span_s * 1e3,
-        idle_fraction=tl.idle_fraction,
-        bytes_per_step=sum(o.bytes * o.count for o in ops),
-        flops_per_step=sum(o.flops * o.count for o in ops),
-        kernels_per_step=tl.kernels,
-        host_ms_per_step=tl.host_s * 1e3,
-        limited_by="host" if tl.host_s >= tl.busy_s else "gpu",
-    )
-
-
-def project_pruning(shape: ModelShape, profile: HardwareProfile | str, dtype: str = "fp16",
-                    batch: int = 1, context: int = 512,
-                    executed_blocks_pruned: float | Sequence[float] | None = None,
-                    bypass_kind: str = "identity", bypass_rank: int = 0,
-                    kernel_counts: Mapping[str, int] | None = None,
-                    router_kernels_per_block: int = 0,
-                    router_host_us_per_block: float = 0.0) -> dict:
-    """Projected decode with pruning off and on, and the GPU time pruning frees.
-
-    Returns {"off": Projection, "pruned": Projection, "freed_fraction": float,
-    "speedup": float}. freed_fraction = 1 - busy_pruned / busy_off: the share of the
-    unpruned step's GPU busy time that the pruned step no longer uses (negative when the
-    bypass and router cost more than the skipped blocks). speedup = pruned tokens/s over
-    off tokens/s; in a launch-bound step it is much smaller than the busy time freed.
-    The router cost applies to the pruned projection only.
-    """
-    off = project_decode(shape, profile, dtype, batch, context, None, "identity", 0,
-                         kernel_counts)
-    pruned = project_decode(shape, profile, dtype, batch, context, executed_blocks_pruned,
-                            bypass_kind, bypass_rank, kernel_counts,
-                            router_kernels_per_block, router_host_us_per_block)
-    return {
-        "off": off,
-        "pruned": pruned,
-        "freed_fraction": 1.0 - pruned.busy_ms_per_token / off.busy_ms_per_token,
-        "speedup": pruned.tokens_per_s / off.tokens_per_s,
-    }
-
-
-def _profiles(profiles: Iterable[HardwareProfile | str] | str) -> list[HardwareProfile]:
-    if isinstance(profiles, str):
-        profiles = [p for p in profiles.split(",") if p.strip()]
-    out = [get_profile(p) for p in profiles]
-    if not out:
-        raise HarnessInputError("no hardware profile named: give at least one (e.g. 'A100')")
-    return out
-
-
-def projection_table(shape: ModelShape, profiles: Iterable[HardwareProfile | str] | str,
-                     dtype: str = "fp16", batch: int = 1, context: int = 512,
-                     executed_blocks_pruned: float | Sequence[float] | None = None,
-                     bypass_kind: str = "identity", bypass_rank: int = 0,
-                     **kw: object) -> list[dict]:
-    """One row per profile for printing (e.g. ``tabulate(rows, headers="keys")``); every
-    figure's header says projected."""
-    rows = []
-    for prof in _profiles(profiles):
-        r = project_pruning(shape, prof, dtype, batch, context, executed_blocks_pruned,
-                            bypass_kind, bypass_rank, **kw)
-        off, pruned = r["off"], r["pruned"]
-        rows.append({
-            "profile": prof.name,
-            "dtype": off.dtype,
-            "batch": batch,
-            "context": context,
-            "blocks/token pruned": round(pruned.executed_blocks, 3),
-            "projected tokens/s off": round(off.tokens_per_s, 1),
-            "projected tokens/s pruned": round(pruned.tokens_per_s, 1),
-            "projected busy ms/token off": round(off.busy_ms_per_token, 4),
-            "projected busy ms/token pruned": round(pruned.busy_ms_per_token, 4),
-            "projected idle off": round(off.idle_fraction, 3),
-            "projected idle pruned": round(pruned.idle_fraction, 3),
-            "projected GPU time freed": round(r["freed_fraction"], 3),
-            "projected speed-up": round(r["speedup"], 3),
-            "limited by (off)": off.limited_by,
-        })
-    return rows
-
-
-def projection_json(shape: ModelShape, profiles: Iterable[HardwareProfile | str] | str,
-                    dtype: str = "fp16", batch: int = 1, context: int = 512,
-                    executed_blocks_pruned: float | Sequence[float] | None = None,
-                    bypass_kind: str = "identity", bypass_rank: int = 0,
-                    **kw: object) -> dict:
-    """What ``rsp-bench project --json`` prints: one entry per profile name, each marked
-    ``"projected": true``, with tokens_per_s, busy_ms_per_token, idle_fraction and
-    freed_fraction for "off" (freed 0 by definition) and "pruned"."""
-    out: dict[str, dict] = {}
-    for prof in _profiles(profiles):
-        r = project_pruning(shape, prof, dtype, batch, context, executed_blocks_pruned,
-                            bypass_kind, bypass_rank, **kw)
-
-        def figures(p: Projection, freed: float) -> dict:
-            return {"tokens_per_s": p.tokens_per_s, "busy_ms_per_token": p.busy_ms_per_token,
-                    "idle_fraction": p.idle_fraction, "freed_fraction": freed,
-                    "executed_blocks": p.executed_blocks, "limited_by": p.limited_by}
-
-        out[prof.name] = {
-            "projected": True,
-            "dtype": r["off"].dtype,
-            "batch": batch,
-            "context": context,
-            "off": figures(r["off"], 0.0),
-            "pruned": figures(r["pruned"], r["freed_fraction"]),
-            "source": prof.source,
-        }
-    return out
-
-
 def bytes_per_token(shape: ModelShape, dtype_bytes: float = 4,
                     executed_blocks: float | Sequence[float] | None = None,
                     bypass_kind: str = "identity", bypass_rank: int = 0) -> float:
@@ -605,7 +359,7 @@ def bytes_per_token(shape: ModelShape, dtype_bytes: float = 4,
     if not dtype_bytes > 0:
         raise HarnessInputError(f"dtype_bytes must be > 0, got {dtype_bytes!r}")
     _check_bypass(bypass_kind, bypass_rank)
-    shares = _block_fractions(shape, executed_blocks)
+    shares = block_fractions(shape, executed_blocks)
     kept = sum(shares)
     weights = (shape.hidden  # embedding row of the token
                + kept * shape.block_weights()
