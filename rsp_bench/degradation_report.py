@@ -8,7 +8,8 @@ interval each:
 - the degraded share per group, per kind and per language; the targets (issue 26): requests
   that carry data (``data_request``), plain English requests (``plain_en``) and plain requests
   in languages pruning does not measurably hurt more than English (below) at most 5% degraded,
-  odd input (``odd``) at least 95%; ``payload_alone`` has no target and is
+  and again for the languages *shown* to be hurt no more (within ``EQUIV_KL_RATIO`` of English's
+  KL), odd input (``odd``) at least 95%; ``payload_alone`` has no target and is
   read against its pair (what the request around a payload changes);
 - that a degraded prompt's output equals pruning off's, token for token;
 - what each error costs: for every degraded ordinary prompt and every missed odd one, what
@@ -138,16 +139,19 @@ def targets(summary: dict, languages: dict | None = None, items: Sequence[Item] 
     as the issue asks: only those in languages pruning does not measurably hurt more than English
     must keep pruning (``plain_language (not hurt more)``); without it, all of them."""
     rows = []
-    spared = None
+    spared = shown = None
     if languages:
         spared = [r["degraded"] for it, r in zip(items, v) if it.group == "plain_language"
                   and it.lang in languages and not languages[it.lang].get("hurts_more_than_en")]
+        shown = [r["degraded"] for it, r in zip(items, v) if it.group == "plain_language"
+                 and it.lang in languages and languages[it.lang].get("no_more_than_en")]
     for g in ORDINARY:
         if g == "plain_language" and spared is not None:
-            r = rate(sum(spared), len(spared))
-            rows.append({"group": "plain_language (not hurt more)", "target": f"<= {MAX_FALSE_ALARMS:.0%} degraded",
-                         "rate": r["rate"], "n": r["n"], "ci95": r["ci95"],
-                         "met": r["n"] == 0 or r["rate"] <= MAX_FALSE_ALARMS})
+            for label, flags in (("not hurt more", spared), (f"shown within {EQUIV_KL_RATIO}x English", shown)):
+                r = rate(sum(flags), len(flags)) if flags else {"rate": 0.0, "n": 0, "ci95": [0.0, 1.0]}
+                rows.append({"group": f"plain_language ({label})", "target": f"<= {MAX_FALSE_ALARMS:.0%} degraded",
+                             "rate": r["rate"], "n": r["n"], "ci95": r["ci95"],
+                             "met": r["n"] == 0 or r["rate"] <= MAX_FALSE_ALARMS})
             continue
         if g in summary["groups"]:
             r = summary["groups"][g]
@@ -195,6 +199,13 @@ def _pooled(rows: Sequence[dict]) -> dict:
 
 
 KL_ALPHA = 0.05  # one-sided level of the per-language KL test (metrics.permutation_mean_greater_p)
+# "No more than English", shown rather than assumed: a language's mean per-item KL below this
+# multiple of English's in the same one-sided test (English's values scaled by it). 1.25 is the
+# language rule's own "English-like" ratio; fixed on 2026-12-05 before 12-05f was measured. A
+# language neither shown hurt more nor shown within it is undecided: with 4 items a language most
+# are (on 12-05b at the current default, 15 of the 18 not shown hurt more had a mean KL 1.2-2.1x
+# English's), so "not hurt more" alone counts as false alarms requests that pruning may well hurt.
+EQUIV_KL_RATIO = 1.25
 
 
 def language_damage(items: Sequence[Item], v: Sequence[dict], dmg: dict[str, dict]) -> dict:
@@ -202,7 +213,8 @@ def language_damage(items: Sequence[Item], v: Sequence[dict], dmg: dict[str, dic
     where its top-1 interval lies wholly below English's (Wilson, pooled tokens) or its mean
     per-item KL is above English's at ``KL_ALPHA`` (a one-sided permutation test); otherwise degrading it
     protected nothing measurable. With 4 items a language only a large difference shows: a
-    language's verdict is only as strong as its n."""
+    language's verdict is only as strong as its n. ``no_more_than_en`` is the converse shown: not
+    hurt more, and its mean per-item KL below ``EQUIV_KL_RATIO`` times English's at ``KL_ALPHA``."""
     plain = [(it, r) for it, r in zip(items, v) if it.group in ("plain_language", "plain_en") and it.id in dmg]
     english = [dmg[it.id] for it, _ in plain if it.lang == "en"]
     if not english:
@@ -215,11 +227,16 @@ def language_damage(items: Sequence[Item], v: Sequence[dict], dmg: dict[str, dic
         rows = [dmg[it.id] for it, _ in plain if it.lang == lang]
         p = _pooled(rows)
         # per prompt, not per token: a prompt's tokens share its context, so they are not independent
-        kl_p = permutation_mean_greater_p([d["kl_mean"] for d in rows], en_kl, seed=26)
+        lang_kl = [d["kl_mean"] for d in rows]
+        kl_p = permutation_mean_greater_p(lang_kl, en_kl, seed=26)
+        within_p = permutation_mean_greater_p([EQUIV_KL_RATIO * x for x in en_kl], lang_kl, seed=26)
         worse = p["top1_ci95"][1] < en["top1_ci95"][0] or kl_p < KL_ALPHA
         out[lang] = {**p, "kl_p_more_than_en": round(kl_p, 5),
+                     "kl_ratio_to_en": round(statistics.fmean(lang_kl) / max(statistics.fmean(en_kl), 1e-12), 4),
+                     "kl_p_within_ratio": round(within_p, 5),
                      "degraded": sum(r["degraded"] for it, r in plain if it.lang == lang),
-                     "hurts_more_than_en": bool(worse)}
+                     "hurts_more_than_en": bool(worse),
+                     "no_more_than_en": bool(not worse and within_p < KL_ALPHA)}
     return out
 
 
@@ -416,8 +433,10 @@ def print_report(rep: dict) -> None:
     ld = rep["languages_damage"]
     if ld:
         more = [k for k, d in ld.items() if d.get("hurts_more_than_en")]
+        within = [k for k, d in ld.items() if d.get("no_more_than_en")]
         print(f"\npruning's damage per language: English top-1 {ld['en']['top1']:.3f}, KL {ld['en']['kl_mean']:.4f} "
-              f"({ld['en']['items']} items); hurts more than English: {', '.join(more) or 'none'}")
+              f"({ld['en']['items']} items); hurts more than English: {', '.join(more) or 'none'}; shown within "
+              f"{EQUIV_KL_RATIO}x English's KL: {', '.join(within) or 'none'}; the rest undecided")
     _print_cost(rep)
 
 

@@ -113,6 +113,27 @@ def test_plain_language_target_counts_only_languages_not_hurt_more() -> None:
     assert not rows["plain_language (not hurt more)"]["met"]
 
 
+def test_a_language_is_shown_no_more_than_english_only_when_its_kl_is_clearly_within_the_ratio() -> None:
+    # English KL about 0.30; "et" at about 0.15 (clearly within 1.25x), "fi" at 0.40 (1.33x: not shown
+    # hurt more with 8 items of this spread, p 0.06, nor within): undecided, so not in the second target.
+    items = [dr.Item(f"en{i}", "plain_en", "chat", "en", None, "hi") for i in range(12)]
+    items += [dr.Item(f"{L}{i}", "plain_language", L, L, None, "x") for L in ("et", "fi") for i in range(8)]
+    v = [{"degraded": it.lang == "fi" or it.id == "et0", "reason": None, "prompt_tokens": 3} for it in items]
+    d = {"tokens": 16, "kl_max": 0.9, "top1": 0.75, "top1_hits": 12, "bypass_ratio": 0.1}
+    spread = (-0.2, -0.1, 0.0, 0.1, 0.2, -0.15, 0.15, 0.0, -0.05, 0.05, 0.12, -0.12)
+    dmg = {f"en{i}": {**d, "kl_mean": 0.30 + spread[i]} for i in range(12)}
+    dmg.update({f"et{i}": {**d, "kl_mean": 0.15 + 0.01 * i} for i in range(8)})
+    dmg.update({f"fi{i}": {**d, "kl_mean": 0.40 + spread[i]} for i in range(8)})
+    langs = dr.language_damage(items, v, dmg)
+    assert langs["et"]["no_more_than_en"] and not langs["et"]["hurts_more_than_en"]
+    assert not langs["fi"]["no_more_than_en"] and not langs["fi"]["hurts_more_than_en"]
+    assert 1.3 < langs["fi"]["kl_ratio_to_en"] < 1.4
+    rows = {t["group"]: t for t in dr.targets(dr.summarise(items, v), langs, items, v)}
+    assert rows["plain_language (not hurt more)"]["n"] == 16 and not rows["plain_language (not hurt more)"]["met"]
+    shown = rows["plain_language (shown within 1.25x English)"]
+    assert shown["n"] == 8 and abs(shown["rate"] - 1 / 8) < 1e-9 and not shown["met"]  # et0 degraded: 1/8 > 5%
+
+
 def test_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys) -> None:
     lines = [
         _line(id="en1", text="Name three rivers in Europe."),
@@ -137,7 +158,8 @@ def test_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys) -> None:
     cost = rep["check_cost"]["short"]
     assert cost["reps"] == 2 and cost["check_call_s_median"] > 0 and cost["decode_step_s_median"] > 0
     assert "added_s_median" in cost and cost["head_only_s_median"] > 0 and "interleaved" in cost["method"]
-    assert {t["group"] for t in rep["targets"]} == {"data_request", "plain_language (not hurt more)", "plain_en", "odd"}
+    assert {t["group"] for t in rep["targets"]} == {"data_request", "plain_language (not hurt more)",
+                                                   "plain_language (shown within 1.25x English)", "plain_en", "odd"}
     printed = capsys.readouterr().out
     assert "degraded output equals pruning off" in printed and str(out) in printed
     assert not list(tmp_path.glob("*.tmp"))
