@@ -149,9 +149,10 @@ def targets(summary: dict, languages: dict | None = None, items: Sequence[Item] 
         if g == "plain_language" and spared is not None:
             for label, flags in (("not hurt more", spared), (f"shown within {EQUIV_KL_RATIO}x English", shown)):
                 r = rate(sum(flags), len(flags)) if flags else {"rate": 0.0, "n": 0, "ci95": [0.0, 1.0]}
+                # no language in the group: nothing was judged, so neither met nor missed (None)
                 rows.append({"group": f"plain_language ({label})", "target": f"<= {MAX_FALSE_ALARMS:.0%} degraded",
                              "rate": r["rate"], "n": r["n"], "ci95": r["ci95"],
-                             "met": r["n"] == 0 or r["rate"] <= MAX_FALSE_ALARMS})
+                             "met": None if r["n"] == 0 else r["rate"] <= MAX_FALSE_ALARMS})
             continue
         if g in summary["groups"]:
             r = summary["groups"][g]
@@ -416,7 +417,8 @@ def print_report(rep: dict) -> None:
     print(tabulate([[g, r["n"], r["degraded"], f"{r['rate']:.3f}", ci(r)] for g, r in rep["groups"].items()],
                    headers=["group", "n", "degraded", "rate", "95% CI"], disable_numparse=True))
     print()
-    print(tabulate([[t["group"], t["target"], f"{t['rate']:.3f} (n={t['n']})", "met" if t["met"] else "NOT MET"]
+    verdict = {True: "met", False: "NOT MET", None: "n/a (none in the group)"}
+    print(tabulate([[t["group"], t["target"], f"{t['rate']:.3f} (n={t['n']})", verdict[t["met"]]]
                     for t in rep["targets"]], headers=["group", "target", "measured", ""], disable_numparse=True))
     if "pairs" in rep:
         p = rep["pairs"]

@@ -9,6 +9,10 @@ and "hurt more" as the split's own report judged each language).
 ``--also`` adds an arm with another rule file for the same weights (stop 49 compared a six-split
 bank with the packaged rule this way on 12-05b, results/language_rule_more_effect_dev.json).
 
+Its "not hurt more" is the report's verdict, measured at the default the report ran; where that
+default has changed since, ``scripts/language_rule_arms.py`` measures the damage again and counts
+with today's verdicts (stop 50: 12-05b's report ran at English KL 0.327, today's is 0.145).
+
 Run only on a split that has had its one report (it re-reads its prompts; a comparison of rules
 makes it a split that chose, which a reported split may be).
 Result (stop 47, 12-05e, 8.7 min on 2 cores): with the rule 26 / 72 and 34 / 120, odd 102 / 150,

@@ -131,7 +131,11 @@ def test_a_language_is_shown_no_more_than_english_only_when_its_kl_is_clearly_wi
     rows = {t["group"]: t for t in dr.targets(dr.summarise(items, v), langs, items, v)}
     assert rows["plain_language (not hurt more)"]["n"] == 16 and not rows["plain_language (not hurt more)"]["met"]
     shown = rows["plain_language (shown within 1.25x English)"]
-    assert shown["n"] == 8 and abs(shown["rate"] - 1 / 8) < 1e-9 and not shown["met"]  # et0 degraded: 1/8 > 5%
+    assert shown["n"] == 8 and abs(shown["rate"] - 1 / 8) < 1e-9 and shown["met"] is False  # et0 degraded: 1/8 > 5%
+    dmg.update({f"et{i}": {**d, "kl_mean": 0.40 + spread[i]} for i in range(8)})  # et now undecided too
+    rows = {t["group"]: t for t in dr.targets(dr.summarise(items, v), dr.language_damage(items, v, dmg), items, v)}
+    assert rows["plain_language (shown within 1.25x English)"]["n"] == 0
+    assert rows["plain_language (shown within 1.25x English)"]["met"] is None  # nothing judged: not "met"
 
 
 def test_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys) -> None:
