@@ -108,7 +108,7 @@ def test_the_packaged_rule_loads_for_the_embedded_weights():
     assert rule is not None and rule.margin > 0 and 0 < rule.min_coverage <= 1 and rule.k >= 1
     assert len(rule.bank) == len(rule.lang) >= 100 and "en" in rule.lang
     # the splits it was fitted and chosen on are named, and none is a split this rule was reported on
-    # blind (the README's 12-05e and the earlier reports) or one held out for a report (12-05f, 12-05g).
+    # blind (the README's 12-05f, 12-05e and the earlier reports) or one held out for a report (12-05g).
     # A refit may use a split reported for an earlier rule; then it edits this set, on purpose.
     info = rule.info
     assert set(info["fitted_on"]).isdisjoint(info["chosen_on"])
