@@ -233,6 +233,15 @@ def test_generate_stats_feed_the_speed_suite(llama, adapter) -> None:
     assert timing.tokens == [out.token_ids]  # greedy: the same tokens on every call
 
 
+def test_weights_are_read_into_memory_not_mapped(llama, adapter) -> None:
+    # Mapped, a rung's decode speed followed its file's page-cache history (stop 49's red CI: Q4_K_M
+    # 58 against 72 tok/s on the runner its baseline came from); every load must lay weights out alike.
+    import llama_cpp
+
+    llm = adapter.llama(adapter.configurations()[0])
+    assert llm.model_params.load_mode == llama_cpp.LLAMA_LOAD_MODE_NONE  # llama-cpp-python's use_mmap=False
+
+
 def test_bad_configurations_and_inputs_are_refused(llama, adapter, tiny_model_dir) -> None:
     from rsp_bench.engines.llama_cpp import LlamaCppAdapter
 
