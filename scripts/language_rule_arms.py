@@ -95,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     items = [it for it in load_items(prompts) if it.group in ("plain_language", "plain_en", "odd", "data_request")]
     engine = _engine()
     default = PruningConfig()
+    from reference_engine import degradation
+
+    # the reads depend on the detector (score file, text rules), the damage on the default
     config = {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity,
-              "damage_tokens": DAMAGE_TOKENS}
+              "damage_tokens": DAMAGE_TOKENS, "text_rules": degradation.text_rules_fingerprint(),
+              "weights_sha256": engine.weights_sha256}
     cache = pickle.loads(a.cache.read_bytes()) if a.cache.exists() else {}
     if cache.get("report") != str(a.report) or cache.get("config") != config:
         cache = {"report": str(a.report), "config": config}
@@ -119,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
 
     shown = {L for L, v in now.items() if v.get("no_more_than_en")}
 
-    def counts(rule, verdict: dict[str, bool]) -> dict[str, str]:
+    def counts(rule, verdict: dict[str, bool], within: set[str] = frozenset()) -> dict[str, str]:
+        """Degraded / n per group; ``within``: languages shown within the ratio (today's test only)."""
         n: dict[str, list[int]] = {g: [0, 0] for g in GROUPS + ("lang_shown_within",)}
         for it, r in zip(items, reads):
-            if it.group == "plain_language" and verdict is new_verdicts and it.lang in shown:
+            if it.group == "plain_language" and it.lang in within:
                 n["lang_shown_within"][0] += degraded(r, rule)
                 n["lang_shown_within"][1] += 1
             g = it.group if it.group != "plain_language" else (
@@ -140,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
            "not_hurt_more_now": sorted(L for L, h in new_verdicts.items() if not h),
            "shown_within_now": sorted(shown),
            "languages_now": {L: v for L, v in now.items() if L != "en"},
-           "arms": {name: {"report_labels": counts(rule, old_verdicts), "current_labels": counts(rule, new_verdicts)}
+           "arms": {name: {"report_labels": counts(rule, old_verdicts), "current_labels": counts(rule, new_verdicts, shown)}
                     for name, rule in arms}}
     if a.grid:
         import dataclasses
 
         _, bank = _arm("packaged", engine)
         out["grid_packaged_bank"] = {
-            f"kl_ratio={r},margin={m}": counts(dataclasses.replace(bank, kl_ratio=r, margin=m), new_verdicts)
+            f"kl_ratio={r},margin={m}": counts(dataclasses.replace(bank, kl_ratio=r, margin=m), new_verdicts, shown)
             for r in GRID_RATIOS for m in GRID_MARGINS}
     atomic_write_json(a.out, out)
     print(f"English now: KL {now['en']['kl_mean']}, top-1 {now['en']['top1']} "

@@ -13,6 +13,7 @@ from rsp_bench.profiles import HardwareProfile, get_profile
 from rsp_bench.projection.timeline import Projection, project_pruning
 from rsp_bench.projection.work import ModelShape
 
+
 def _profiles(profiles: Iterable[HardwareProfile | str] | str) -> list[HardwareProfile]:
     if isinstance(profiles, str):
         profiles = [p for p in profiles.split(",") if p.strip()]

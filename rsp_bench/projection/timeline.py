@@ -15,6 +15,7 @@ from rsp_bench.errors import HarnessInputError
 from rsp_bench.profiles import HardwareProfile, get_profile, normalize_dtype
 from rsp_bench.projection.work import ModelShape, Op, block_fractions, decode_step_ops
 
+
 def op_time_s(op: Op, profile: HardwareProfile | str, dtype: str = "fp16") -> float:
     """GPU time of one execution of ``op``: the roofline, floored by the minimal kernel time.
 
