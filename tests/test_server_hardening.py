@@ -418,3 +418,85 @@ def test_engine_stop_check_is_asked_per_token(tiny_engine):
     full = tiny_engine._run(rows, 10, cfg, 0.0, None, None, None)
     got = tiny_engine._run(rows, 10, cfg, 0.0, None, None, None, stop_check=stop)
     assert got[1].token_ids == full[1].token_ids[:3] and got[0].token_ids == full[0].token_ids
+
+
+# ---------------------------------------------------------------- stop 51's fuzzing
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hang-timeout", "nan"], "--hang-timeout must be a finite number, got nan"),
+    (["--request-timeout", "inf"], "--request-timeout must be a finite number, got inf"),
+    (["--shutdown-deadline", "nan"], "--shutdown-deadline must be a finite number, got nan"),
+    (["--api-key", ""], "--api-key is empty"),
+    (["--api-key", "  "], "--api-key is empty"),
+])
+def test_serve_refuses_nan_timeouts_and_an_empty_key_before_loading(argv, message, monkeypatch):
+    import argparse
+
+    from reference_engine.errors import ConfigError
+    from reference_engine.server import main as M
+
+    monkeypatch.setattr("reference_engine.engine.Engine.load", lambda *a, **k: pytest.fail("loaded the model"))
+    p = argparse.ArgumentParser()
+    M.configure_parser(p)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        M.run(p.parse_args(["--port", "0", *argv]))
+
+
+def test_an_empty_key_in_the_environment_is_refused_too(monkeypatch):
+    import argparse
+
+    from reference_engine.errors import ConfigError
+    from reference_engine.server import main as M
+
+    monkeypatch.setenv(M.API_KEY_ENV, "")
+    p = argparse.ArgumentParser()
+    M.configure_parser(p)
+    with pytest.raises(ConfigError, match=f"{M.API_KEY_ENV} is empty"):
+        M.run(p.parse_args(["--port", "0"]))
+
+
+def test_deep_json_unknown_roles_and_coerced_types_are_400s(client):
+    deep = b'{"messages":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    r = client.post("/v1/chat/completions", content=deep, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    for body, param in (({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+                        ({"messages": MSG, "max_tokens": "2"}, "max_tokens"),
+                        ({"messages": MSG, "max_tokens": True}, "max_tokens"),
+                        ({"messages": MSG, "stream": "yes"}, "stream")):
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == param, r.json()
+    r = client.post("/v1/completions", json={"prompt": "a", "echo": "true"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+def test_a_client_that_leaves_mid_decode_is_not_an_internal_error(tiny_engine, monkeypatch, caplog):
+    import httpx
+    import uvicorn
+
+    real = runner.RowControl.token
+    monkeypatch.setattr(runner.RowControl, "token", lambda self, *a: (time.sleep(0.02), real(self, *a)))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(tiny_engine, ServerSettings(DEFAULT)), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    caplog.set_level("INFO", logger="reference_engine.server")
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=url, timeout=0.3) as http:
+            http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 200}, headers=OFF)
+        with httpx.Client(base_url=url, timeout=30) as http:
+            for _ in range(500):  # the decode hears the cancel within a step
+                if "client went away" in caplog.text and http.get("/health").json()["queue_depth"] == 0:
+                    break
+                time.sleep(0.02)
+            assert http.get("/health").json()["queue_depth"] == 0
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert "client went away" in caplog.text
+    assert "internal error" not in caplog.text and "Exception in ASGI application" not in caplog.text

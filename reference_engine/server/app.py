@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,13 +32,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..config import PruningConfig
 from . import limits as L, output as O, runner, schemas as S
 from .guard import BodyTooLarge, Guard
 from .knobs import APIError, request_config, stats_header
 from .metrics import ServerMetrics
-from .worker import Cancel, EngineWorker, QueueFull, Ticket, cancel_error, run_guarded
+from .worker import Cancel, ClientGone, EngineWorker, QueueFull, Ticket, cancel_error, run_guarded
+
+log = logging.getLogger("reference_engine.server")
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -141,6 +145,11 @@ def create_app(engine: "Engine", settings: ServerSettings) -> Guard:
         return _error(APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", None,
                                code="not_found" if exc.status_code == 404 else None))
 
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone) -> Response:
+        log.info("client went away before its answer (request %s)", request.state.request_id)
+        return Response(status_code=499)  # nginx's "client closed request": logged, never received
+
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         return _error(APIError(500, f"internal error ({type(exc).__name__}); see the server log for request "
@@ -238,7 +247,10 @@ def create_app(engine: "Engine", settings: ServerSettings) -> Guard:
     async def prepared(request: Request, prepare: Callable[[Request, bytes], _Prepared]) -> tuple[Ticket, _Prepared]:
         ticket = admit()  # before reading or parsing anything: a full server costs nothing more
         try:
-            raw = await request.body()
+            try:
+                raw = await request.body()
+            except ClientDisconnect:
+                raise ClientGone() from None
             return ticket, await off_loop(lambda: prepare(request, raw))
         except BaseException:
             ticket.release()
@@ -282,10 +294,7 @@ def create_app(engine: "Engine", settings: ServerSettings) -> Guard:
 
     async def run(request: Request, ticket: Ticket, cancel: Cancel, args: dict[str, Any]) -> list[runner.Generated]:
         fn = args.pop("fn", None)
-        try:
-            out = await run_guarded(worker, fn, request.is_disconnected, cancel=cancel, ticket=ticket, **args)
-        except asyncio.CancelledError:
-            raise
+        out = await run_guarded(worker, fn, request.is_disconnected, cancel=cancel, ticket=ticket, **args)
         finished(cancel)
         return out if fn is not None else [out]
 

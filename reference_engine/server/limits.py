@@ -69,6 +69,9 @@ def parse_body(model: type[M], raw: bytes) -> M:
         data = json.loads(raw)
     except ValueError as exc:  # also invalid UTF-8
         raise APIError(400, f"the body is not valid JSON: {exc}"[:300], "body", code="invalid_json") from None
+    except RecursionError:
+        # A few KB of '[' nest past the parser's recursion limit: valid JSON, but no request.
+        raise APIError(400, "the body's JSON nests too deeply", "body", code="invalid_json") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import signal
 import socket
 import sys
@@ -160,12 +161,21 @@ def run(args: argparse.Namespace) -> int:
     level = str(args.max_client_log_level).upper()
     if level not in ("NONE", "SUMMARY", "DETAILED"):
         raise ConfigError(f"--max-client-log-level must be NONE, SUMMARY or DETAILED, got {args.max_client_log_level!r}")
+    for name in ("request_timeout", "hang_timeout", "shutdown_deadline", "retry_after", "graceful_timeout",
+                 "batch_window_ms"):
+        # NaN passes every range check below (each comparison is False) and then turns a timeout off.
+        if not math.isfinite(getattr(args, name)):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}")
     if args.request_timeout < 0 or args.hang_timeout <= 0 or args.shutdown_deadline < 0:
         raise ConfigError("--request-timeout and --shutdown-deadline must be >= 0 and --hang-timeout > 0, got "
                           f"{args.request_timeout}, {args.shutdown_deadline}, {args.hang_timeout}")
     import os
 
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if api_key is not None and not api_key.strip():
+        # An empty key would silently serve without authentication.
+        source = "--api-key" if args.api_key is not None else API_KEY_ENV
+        raise ConfigError(f"{source} is empty: give a key, or leave it unset to serve without one")
     loopback = args.host in ("127.0.0.1", "localhost", "::1") or args.host.startswith("127.")
     log_file: IO[str] | None = open(args.log_file, "a", encoding="utf-8") if args.log_file else None
     try:

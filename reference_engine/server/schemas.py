@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's own limit for top_logprobs
 
@@ -43,7 +43,8 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str = Field(max_length=64)
+    # OpenAI's roles; any other is a 400 naming it, as OpenAI answers (the template would take it).
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Union[str, list[ContentPart], None] = None
 
     def text(self, where: str) -> str:
@@ -61,7 +62,7 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ResponseFormat(BaseModel):
@@ -74,11 +75,12 @@ class _Common(BaseModel):
     model: str | None = None
     temperature: float | None = Field(default=0.0, ge=0.0, le=2.0)
     # torch's generator takes a seed in [-2**63, 2**64); beyond that it raised (a 500)
-    seed: int | None = Field(default=None, ge=-(2 ** 63), lt=2 ** 64)
+    seed: StrictInt | None = Field(default=None, ge=-(2 ** 63), lt=2 ** 64)
     stop: Union[str, list[str], None] = None
-    stream: bool = False
+    # Strict: "stream": "yes" or "max_tokens": "2" (or true) is a 400, as OpenAI answers, not coerced.
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1)  # one choice per prompt: the engine decodes greedily
+    n: StrictInt = Field(default=1, ge=1, le=1)  # one choice per prompt: the engine decodes greedily
     pruning: PruningBody | None = None
     user: str | None = None
     # Declared so that they can be refused by name (limits.refuse_unsupported), not ignored.
@@ -99,11 +101,11 @@ class _Common(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    return_tokens_as_token_ids: bool = False  # vLLM's extension: logprob tokens as "token_id:N"
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    return_tokens_as_token_ids: StrictBool = False  # vLLM's extension: logprob tokens as "token_id:N"
 
 
 PromptType = Union[str, list[str], list[int], list[list[int]]]
@@ -111,11 +113,11 @@ PromptType = Union[str, list[str], list[int], list[list[int]]]
 
 class CompletionRequest(_Common):
     prompt: PromptType
-    max_tokens: int = Field(default=16, ge=0)
-    echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    decode_from: int | None = Field(default=None, ge=1)
-    return_tokens_as_token_ids: bool = False
+    max_tokens: StrictInt = Field(default=16, ge=0)
+    echo: StrictBool = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    decode_from: StrictInt | None = Field(default=None, ge=1)
+    return_tokens_as_token_ids: StrictBool = False
     best_of: int | None = None
     suffix: str | None = None
 

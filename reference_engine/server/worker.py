@@ -48,6 +48,11 @@ class QueueFull(Exception):
     pass
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer: nobody is left to answer, and it is
+    not a server error (the app logs it at INFO and counts it, never as an internal error)."""
+
+
 class Cancel:
     """Why a request's work should end early (None: it should not). Set from any thread, read
     by the engine thread once per token: a plain attribute, no lock (one writer wins, and every
@@ -381,7 +386,7 @@ async def run_guarded(worker: EngineWorker, fn: Callable[[], Any] | None, is_dis
             if await is_disconnected():
                 cancel.set("disconnect")
                 fut.cancel()  # succeeds while queued; a running decode sees the Cancel within a step
-                raise asyncio.CancelledError()
+                raise ClientGone()
     except asyncio.CancelledError:  # the handler's task was cancelled (e.g. at shutdown)
         cancel.set("disconnect")
         raise
