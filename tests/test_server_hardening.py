@@ -11,6 +11,7 @@ server around the engine, not the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -41,6 +42,28 @@ def events(text: str) -> list[str]:
 def metric(text: str, name: str, labels: str = "") -> float:
     m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+@contextlib.contextmanager
+def slow_live_server(tiny_engine, monkeypatch):
+    """A real uvicorn on a free port of 127.0.0.1 (a socket matters for disconnects), its decode
+    slowed to 20 ms a token so that a client can leave mid-request; yields the base URL."""
+    import uvicorn
+
+    real = runner.RowControl.token
+    monkeypatch.setattr(runner.RowControl, "token", lambda self, *a: (time.sleep(0.02), real(self, *a)))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(tiny_engine, ServerSettings(DEFAULT)), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -343,19 +366,8 @@ def test_request_timeout_is_504_and_stops_the_decode(tiny_engine, monkeypatch):
 
 def test_disconnect_mid_stream_stops_the_engine_within_steps(tiny_engine, monkeypatch):
     import httpx
-    import uvicorn
 
-    real = runner.RowControl.token
-    monkeypatch.setattr(runner.RowControl, "token", lambda self, *a: (time.sleep(0.02), real(self, *a)))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(tiny_engine, ServerSettings(DEFAULT)), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.02)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with slow_live_server(tiny_engine, monkeypatch) as url:
         with httpx.Client(base_url=url, timeout=60) as http:
             body = {"messages": MSG, "max_tokens": 200, "stream": True}
             with http.stream("POST", "/v1/chat/completions", json=body, headers=OFF) as r:
@@ -374,9 +386,6 @@ def test_disconnect_mid_stream_stops_the_engine_within_steps(tiny_engine, monkey
         after = metric(text, "rsp_decode_steps_after_cancel_sum")
         assert after <= 1, after             # the engine stopped at the step after it heard
         assert 3 <= decoded <= 3 + 10, decoded  # ~4 tokens sent, a few in flight: far from 200
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def test_shutdown_fails_queued_and_cancels_running_within_deadline():
@@ -473,20 +482,9 @@ def test_deep_json_unknown_roles_and_coerced_types_are_400s(client):
 
 def test_a_client_that_leaves_mid_decode_is_not_an_internal_error(tiny_engine, monkeypatch, caplog):
     import httpx
-    import uvicorn
 
-    real = runner.RowControl.token
-    monkeypatch.setattr(runner.RowControl, "token", lambda self, *a: (time.sleep(0.02), real(self, *a)))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(tiny_engine, ServerSettings(DEFAULT)), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
     caplog.set_level("INFO", logger="reference_engine.server")
-    try:
-        while not server.started:
-            time.sleep(0.02)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with slow_live_server(tiny_engine, monkeypatch) as url:
         with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=url, timeout=0.3) as http:
             http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 200}, headers=OFF)
         with httpx.Client(base_url=url, timeout=30) as http:
@@ -495,8 +493,5 @@ def test_a_client_that_leaves_mid_decode_is_not_an_internal_error(tiny_engine, m
                     break
                 time.sleep(0.02)
             assert http.get("/health").json()["queue_depth"] == 0
-    finally:
-        server.should_exit = True
-        thread.join(30)
     assert "client went away" in caplog.text
     assert "internal error" not in caplog.text and "Exception in ASGI application" not in caplog.text
