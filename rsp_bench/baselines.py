@@ -525,6 +525,10 @@ def run_baseline(args: argparse.Namespace) -> int:
 
     baselines_dir = Path(args.baselines) if args.baselines else Path(args.results) / "baselines"
     if args.baseline_action == "update":
+        from .cli_checks import check_writable
+
+        # found now, before the record is read, not as a bare [Errno 17] from the first write
+        check_writable("--baselines" if args.baselines else "--results", str(baselines_dir), folder=True)
         if args.record:
             source: str | Mapping[str, Any] = args.record
         else:

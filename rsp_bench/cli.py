@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .cli_checks import UserError, check_inputs, check_model_path, results_folder
+from .cli_checks import UserError, check_inputs, check_model_path, check_writable, results_folder
 from .errors import HarnessInputError
 
 
@@ -133,19 +133,48 @@ def _find_suites(explicit: str | None) -> Path:
     raise HarnessInputError(f"no suites folder found (looked in {', '.join(map(str, candidates))}); pass --suites DIR")
 
 
+def _check_run(args: argparse.Namespace) -> None:
+    """What the suites' plugin would refuse only once pytest started (exit 4, and the leaderboard
+    rebuilt anyway), or would not refuse at all, checked while nothing is written yet."""
+    import pytest
+
+    from .engines import available_engines, declared_modes
+    from .load_client import check_url
+    from .pytest_plugin.options import parse_modes, parse_sensitivities
+
+    check_model_path(args.model)
+    engine = args.engine or "reference"
+    known = available_engines()
+    if engine not in known:
+        raise UserError(f"--engine {engine!r} is not a registered engine (known: {', '.join(known)})")
+    try:  # the plugin's own parsers, so the two cannot disagree; their messages name --rsp-*
+        if args.sensitivity is not None:
+            parse_sensitivities(args.sensitivity)
+        if args.mode is not None:
+            modes = parse_modes(args.mode, engine)
+            supported = declared_modes(engine)
+            bad = [m for m in modes if supported is not None and m not in supported]
+            if bad:
+                raise UserError(f"--mode {bad[0]!r}: engine {engine!r} does not support it "
+                                f"(it supports {', '.join(supported)})")
+    except pytest.UsageError as exc:
+        raise UserError(str(exc).replace("--rsp-", "--", 1)) from None
+    if engine == "openai":
+        url = args.engine_url or os.environ.get("RSP_ENGINE_URL")
+        if not url:
+            raise UserError("--engine openai needs --engine-url URL of the server under test "
+                            "(e.g. http://127.0.0.1:8000/v1), or RSP_ENGINE_URL set")
+        check_url(url, "--engine-url" if args.engine_url else "RSP_ENGINE_URL")
+    check_writable("--results", args.results, folder=True)
+
+
 def _run_run(args: argparse.Namespace) -> int:
     import pytest
 
     from . import leaderboard
 
     suites = _find_suites(args.suites)
-    check_model_path(args.model)
-    if args.engine is not None:
-        from .engines import available_engines
-
-        known = available_engines()
-        if args.engine not in known:
-            raise UserError(f"--engine {args.engine!r} is not a registered engine (known: {', '.join(known)})")
+    _check_run(args)
     argv = [str(suites), "-p", "no:cacheprovider", f"--rsp-results={args.results}"]
     if args.quick:
         argv.append("--rsp-quick")
@@ -167,6 +196,8 @@ def _run_run(args: argparse.Namespace) -> int:
         argv.append("--rsp-update-baseline")
     argv += args.pytest_args
     code = int(pytest.main(argv))
+    if code == pytest.ExitCode.USAGE_ERROR:  # nothing ran: a rebuilt leaderboard would only restate old records
+        return code
     out = Path(args.results)
     paths = leaderboard.write_leaderboard(out, out)  # a results folder: its runs/ are read
     print()

@@ -14,7 +14,36 @@ from typing import Any, Sequence
 
 from rsp_bench.errors import HarnessInputError
 
-__all__ = ["LoadConfig", "LoadClient", "int_or_none"]
+__all__ = ["LoadConfig", "LoadClient", "int_or_none", "check_url", "status_hint", "unreachable"]
+
+
+def check_url(url: str, flag: str = "--url") -> str:
+    """``url`` if it is http(s)://HOST[:PORT]/...; else an input error naming it (httpx would
+    raise UnsupportedProtocol or InvalidURL at the first request instead)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except (ValueError, TypeError, AttributeError):  # a port that is not a number, not a string
+        ok = False
+    if not ok:
+        raise HarnessInputError(f"{flag} {url!r} is not a server URL: give http(s)://HOST[:PORT]/v1")
+    return url
+
+
+def status_hint(status: int) -> str:
+    """What to do about an HTTP error status, as a clause to end a message with."""
+    if status == 401:
+        return ": the server wants an API key, pass it with --api-key KEY (or set RSP_API_KEY)"
+    if status == 403:
+        return ": the server refused the key, check --api-key (or RSP_API_KEY)"
+    return ""
+
+
+def unreachable(url: str, exc: Exception) -> HarnessInputError:
+    """A transport failure (refused, timed out, bad host) as one line naming the URL."""
+    return HarnessInputError(f"cannot reach {url}: {str(exc) or type(exc).__name__}")
 
 
 class LoadConfig:
@@ -47,7 +76,7 @@ class LoadClient:
     def __init__(self, base: str, cfg: LoadConfig) -> None:
         import httpx
 
-        self.base, self.cfg = base.rstrip("/"), cfg
+        self.base, self.cfg = check_url(base).rstrip("/"), cfg
         self.http = httpx.Client(timeout=cfg.timeout_s, limits=httpx.Limits(max_connections=cfg.clients * 4 + 8))
         self.lock = threading.Lock()
         self.rejections: list[dict[str, Any]] = []
@@ -55,9 +84,20 @@ class LoadClient:
     def model(self) -> str:
         if self.cfg.model:
             return self.cfg.model
-        r = self.http.get(self.base + "/models", headers=self.cfg.headers)
-        r.raise_for_status()
-        return r.json()["data"][0]["id"]
+        import httpx
+
+        url = self.base + "/models"
+        try:
+            r = self.http.get(url, headers=self.cfg.headers)
+        except httpx.HTTPError as exc:
+            raise unreachable(url, exc) from None
+        if r.status_code != 200:
+            raise HarnessInputError(f"GET {url} answered {r.status_code} {r.reason_phrase}{status_hint(r.status_code)}")
+        try:
+            return r.json()["data"][0]["id"]
+        except (ValueError, LookupError, TypeError):
+            raise HarnessInputError(f"GET {url} answered no model list (is it the server's OpenAI /v1 URL?); "
+                                    "give the model with --model") from None
 
     def health(self) -> dict[str, Any] | None:
         root = self.base[:-3] if self.base.endswith("/v1") else self.base

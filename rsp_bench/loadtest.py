@@ -55,7 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from rsp_bench.errors import HarnessInputError
-from rsp_bench.load_client import LoadClient, LoadConfig, int_or_none
+from rsp_bench.load_client import LoadClient, LoadConfig, check_url, int_or_none, status_hint, unreachable
 
 __all__ = ["LoadConfig", "run_loadtest", "configure_parser", "run"]
 
@@ -109,6 +109,8 @@ def _bar(total: int, desc: str, on: bool):
 
 def run_loadtest(base_url: str, cfg: LoadConfig) -> dict[str, Any]:
     """Run the three phases against ``base_url`` (``http://HOST:PORT/v1``); the record as a dict."""
+    import httpx
+
     client = LoadClient(base_url, cfg)
     run_id = uuid.uuid4().hex[:8]
     checks: dict[str, bool] = {}
@@ -120,7 +122,8 @@ def run_loadtest(base_url: str, cfg: LoadConfig) -> dict[str, Any]:
         for i, prompt in enumerate(cfg.prompts):
             r = client.call(model, prompt, f"lt-{run_id}-single-{i}")
             if r["status"] != 200:
-                raise HarnessInputError(f"loadtest: the single request for prompt {i} got {r['status']}: {r.get('error')}")
+                raise HarnessInputError(f"loadtest: the single request for prompt {i} got {r['status']}: "
+                                        f"{r.get('error')}{status_hint(r['status'])}")
             single[prompt] = r
         # 2. load
         plan = [(i, cfg.prompts[i % len(cfg.prompts)]) for i in range(cfg.requests)]
@@ -216,6 +219,8 @@ def run_loadtest(base_url: str, cfg: LoadConfig) -> dict[str, Any]:
             if must_equal_single(mode, fired):
                 checks["burst_equal_to_single"] = all(r.get("text") == single[prompt]["text"] for r in fired)
             checks["queue_empty_after"] = after.get("queue_depth") == 0
+    except httpx.TransportError as exc:  # the server went away (or never answered) mid-run
+        raise unreachable(base_url, exc) from None
     finally:
         client.close()
     return {"kind": "rsp-bench-loadtest", "run_id": run_id, "url": base_url, "model": model,
@@ -265,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
     from rsp_bench import datasets as ds
     from rsp_bench.storage import atomic_write_json
 
+    if args.url is not None:
+        check_url(args.url)
     headers = {"X-Pruning-Mode": args.mode, "X-Pruning-Sensitivity": str(args.sensitivity),
                "X-Pruning-Log-Level": "NONE"}
     if args.hardware_watermark not in (None, ""):

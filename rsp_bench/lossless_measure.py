@@ -245,9 +245,14 @@ def run(args: argparse.Namespace) -> int:
                                  ("--tokens", args.tokens, False), ("--threads", args.threads, False),
                                  ("--pld", args.pld, False)):
         _positive(name, value, zero_ok)
+    squad, free = load_squad(), load_prompts()
+    # a count past the set would be measured on fewer prompts than the report's command line says
+    for flag, asked, have in (("--squad", args.squad, len(squad)), ("--free", args.free, len(free))):
+        if asked > have:
+            raise HarnessInputError(f"{flag} {asked} is more than the {have} prompts available (give at most {have})")
     sets = {
-        "squad": [squad_prompt(x) for x in quick_subset(load_squad(), args.squad)],
-        "free": [p.text for p in load_prompts()][:args.free],
+        "squad": [squad_prompt(x) for x in quick_subset(squad, args.squad)],
+        "free": [p.text for p in free][:args.free],
     }
     if args.prompts is not None:
         sets["prompts"] = [r["text"] for r in read_jsonl(Path(args.prompts), {"id": str, "text": str})]

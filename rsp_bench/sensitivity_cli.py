@@ -40,9 +40,15 @@ def read_prompts(path: Path) -> list[str]:
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
-            row = json.loads(line)
+            try:  # each line is parsed alone, so json's own "line 1" would point at the wrong line
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON: {exc.msg}: line {no} column {exc.colno}") from None
             if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                 raise ValueError(f"line {no}: a JSON line must be an object with a \"text\" string")
+            if not row["text"].strip():
+                # the chat template alone would be generated from, as `generate` refuses to do
+                raise ValueError(f"line {no}: the prompt is {'empty' if not row['text'] else 'only whitespace'}")
             out.append(row["text"])
         else:
             out.append(line)

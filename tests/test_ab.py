@@ -316,6 +316,37 @@ def test_usage_errors_exit_2_naming_the_value(args, named):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("kw, named", [
+    # the reference adapter never calls the URLs: the run compared this tree with itself and passed
+    ({"base_url": "http://127.0.0.1:1/v1", "head_url": "http://127.0.0.1:1/v1"}, "need --engine openai"),
+    ({"base_url": "notaurl", "head_url": "alsonot"}, "need --engine openai"),
+    ({"base_url": "notaurl", "head_url": "http://127.0.0.1:1/v1", "engine": "openai"}, "--base-url 'notaurl'"),
+    ({"base_url": "http://127.0.0.1:1/v1", "head_url": "ftp://h/v1", "engine": "openai"}, "--head-url 'ftp://h/v1'"),
+    ({"base_url": "http://:8000/v1", "head_url": "http://h/v1", "engine": "openai"}, "--base-url 'http://:8000/v1'"),
+    ({"base": "HEAD", "repo": "/no/such/checkout"}, "--repo '/no/such/checkout'"),
+])
+def test_settings_refuse_urls_the_run_would_not_call(kw, named):
+    with pytest.raises(HarnessInputError) as info:
+        ABSettings(**kw).check()
+    assert named in str(info.value)
+
+
+def test_served_urls_with_the_openai_engine_pass_the_check():
+    ABSettings(base_url="http://127.0.0.1:1/v1", head_url="https://example.org:8443/v1", engine="openai").check()
+
+
+def test_cli_urls_go_through_the_openai_engine_and_bad_ones_write_nothing(tmp_path):
+    # URLs alone mean the openai adapter (docs/ab.md); a bad URL is named before anything runs
+    out = _cli("--base-url", "notaurl", "--head-url", "alsonot", "--out", str(tmp_path / "x.json"))
+    assert out.returncode == 2 and "--base-url 'notaurl' is not a server URL" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    # any other adapter named with them would never call them: refused, not a self-comparison
+    out = _cli("--base-url", "http://127.0.0.1:1/v1", "--head-url", "http://127.0.0.1:1/v1", "--engine", "reference",
+               "--out", str(tmp_path / "x.json"))
+    assert out.returncode == 2 and "--engine openai" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_outside_a_checkout_is_a_usage_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rsp_bench.cli", "ab", "--base", "HEAD", "--repo", str(tmp_path), "--quiet"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)

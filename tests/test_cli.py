@@ -156,6 +156,19 @@ def test_default_outputs_pass_the_writability_check() -> None:
         cli_checks.check_inputs(name, args)
 
 
+@pytest.mark.parametrize("text, fragments", [
+    # each line was parsed alone, so json said "line 1 column 13" of an error on line 2
+    ('{"text": "ok"}\n{"text": "a" "b"}\n', ["not valid JSON", "line 2 column 14"]),
+    ('{"text": "ok"}\n\n{"text": ""}\n', ["line 3: the prompt is empty"]),
+    ('{"text": " \\n"}\n', ["line 1: the prompt is only whitespace"]),
+])
+def test_sensitivity_scale_prompt_file_errors_name_the_files_line(text, fragments, tmp_path, capsys, no_model) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(text)
+    code, _, err = _main(["sensitivity-scale", "--prompts", str(prompts)], capsys)
+    _assert_one_line_error(code, err, "--prompts", str(prompts), *fragments)
+
+
 def test_log_file_that_is_a_folder(tmp_path, capsys, no_model) -> None:
     code, _, err = _main(["generate", "hi", "--log-file", str(tmp_path)], capsys)
     _assert_one_line_error(code, err, "--log-file", str(tmp_path))
@@ -291,6 +304,40 @@ def test_run_passes_engine_and_no_gate_to_the_suites(tmp_path, capsys, monkeypat
     assert "--rsp-engine=hf-generate" in argv and "--rsp-no-gate" in argv and "--rsp-quick" in argv
     assert f"--rsp-results={results}" in argv
     assert argv[-2:] == ["-k", "equivalence"]
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    (["--sensitivity", "2"], ["--sensitivity", "'2'", "[0, 1]"]),
+    (["--sensitivity", "nan"], ["--sensitivity", "'nan'", "[0, 1]"]),
+    (["--mode", "foo"], ["--mode", "'foo'", "off, lossy, lossless"]),
+    (["--engine", "hf-generate", "--mode", "lossy"], ["--mode 'lossy'", "'hf-generate'", "supports off"]),
+    (["--engine", "openai"], ["--engine openai needs --engine-url"]),
+    (["--engine", "openai", "--engine-url", "notaurl"], ["--engine-url 'notaurl'", "http(s)://"]),
+    (["--results", "{tmp}/file"], ["--results", "file'", "is a file"]),
+    (["--results", "{tmp}/file/sub"], ["--results", "file/sub'", "not a folder"]),
+])
+def test_run_refuses_bad_input_before_pytest_starts_and_writes_nothing(extra, fragments, tmp_path, capsys,
+                                                                       monkeypatch, no_model) -> None:
+    """These reached pytest (exit 4, or suites erroring one by one) and the leaderboard was rebuilt
+    from zero records all the same; the file as --results ended in a raw [Errno 17]."""
+    import pytest as pytest_module
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.delenv("RSP_ENGINE_URL", raising=False)
+    monkeypatch.setattr(pytest_module, "main", lambda argv: pytest.fail(f"pytest started with {argv}"))
+    argv = ["run", "--no-gate", "--results", str(tmp_path / "results"), *(a.format(tmp=tmp_path) for a in extra)]
+    code, out, err = _main(argv, capsys)
+    _assert_one_line_error(code, err, *fragments)
+    assert out == "" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_run_rebuilds_no_leaderboard_when_pytest_refused_its_arguments(tmp_path, capsys, monkeypatch) -> None:
+    import pytest as pytest_module
+
+    monkeypatch.setattr(pytest_module, "main", lambda argv: pytest_module.ExitCode.USAGE_ERROR)
+    code, out, _ = _main(["run", "--no-gate", "--results", str(tmp_path / "r"), "--", "--no-such-pytest-flag"], capsys)
+    assert code == 4 and "leaderboard" not in out
+    assert not (tmp_path / "r").exists()
 
 
 def test_progress_bar_shown_by_default_gone_with_quiet(tiny_model_dir, tiny_engine, capsys) -> None:

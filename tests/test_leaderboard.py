@@ -274,6 +274,20 @@ def test_baseline_cli_update_and_show(tmp_path: Path, capsys: pytest.CaptureFixt
     assert all(p.name in shown for p in written) and "20250201T000000Z-000002 (quick)" in shown
 
 
+@pytest.mark.parametrize("flag, where", [("--baselines", "file"), ("--baselines", "file/sub"), ("--results", "file")])
+def test_baseline_update_into_a_file_is_refused_naming_the_option(tmp_path: Path, capsys, flag, where) -> None:
+    """They ended in a raw [Errno 17] File exists / [Errno 20] Not a directory."""
+    from rsp_bench import cli
+
+    record_path = write_record(_records()[0], tmp_path / "results")
+    (tmp_path / "file").write_text("keep")
+    assert cli.main(["baseline", "update", str(record_path), flag, str(tmp_path / where), "--reason", "t"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"{flag} '{tmp_path / 'file'}" in err
+    assert "Errno" not in err and ("is a file" in err or "is not a folder" in err)
+    assert (tmp_path / "file").read_text() == "keep"
+
+
 def test_rsp_bench_run_rebuilds_the_leaderboard_from_its_results_folder(tmp_path: Path, monkeypatch) -> None:
     """`rsp-bench run --results DIR` must read DIR/runs (it once read DIR/runs/runs: an empty board)."""
     import pytest as pytest_module

@@ -81,3 +81,57 @@ def test_api_key_becomes_a_bearer_header():
     cfg = loadtest.LoadConfig(["hi"], api_key="k1")
     assert cfg.headers["Authorization"] == "Bearer k1"
     assert "Authorization" not in loadtest.LoadConfig(["hi"]).headers
+
+
+@pytest.fixture
+def locked_server():
+    """A server on 127.0.0.1 that answers every request 401, as one started with an API key does
+    to a client that sends none."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Locked(BaseHTTPRequestHandler):
+        def _deny(self) -> None:
+            body = b'{"error": {"message": "missing API key"}}'
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _deny
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Locked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("extra", [[], ["--model", "m"]])  # --model skips /models: the first chat call is refused
+def test_a_server_wanting_a_key_exits_2_with_the_api_key_hint(tmp_path, capsys, locked_server, extra):
+    from rsp_bench.cli import main
+
+    out = tmp_path / "lt.json"
+    assert main(["loadtest", "--url", locked_server, "--out", str(out), "--quiet", *extra]) == 2
+    err = capsys.readouterr().err
+    assert "401" in err and "--api-key" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("url, named", [
+    ("http://127.0.0.1:1/v1", "cannot reach http://127.0.0.1:1/v1/models"),  # nothing listens on port 1
+    ("notaurl", "--url 'notaurl' is not a server URL"),
+    ("ftp://127.0.0.1/v1", "--url 'ftp://127.0.0.1/v1' is not a server URL"),
+    ("http://127.0.0.1:port/v1", "--url 'http://127.0.0.1:port/v1' is not a server URL"),
+])
+def test_an_unreachable_or_bad_url_exits_2_naming_it(tmp_path, capsys, url, named):
+    from rsp_bench.cli import main
+
+    out = tmp_path / "lt.json"
+    assert main(["loadtest", "--url", url, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()

@@ -18,6 +18,9 @@ from rsp_bench import cli
     (["--tokens", "0"], "--tokens must be >= 1, got 0"),
     (["--squad", "-1"], "--squad must be >= 0, got -1"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
+    # it measured the few hundred there are and said nothing
+    (["--squad", "100000"], "--squad 100000 is more than the"),
+    (["--free", "1000"], "--free 1000 is more than the"),
 ])
 def test_bad_input_exits_2_and_names_it(tmp_path, capsys, args, message) -> None:
     (tmp_path / "bad.jsonl").write_text("{not json\n", encoding="utf-8")

@@ -167,6 +167,39 @@ def test_bad_step_inputs_are_refused_naming_the_value():
         project_decode(SMOL, "A100", batch=0)
 
 
+def test_bypass_rank_above_the_hidden_size_is_refused_naming_both():
+    for call in (lambda r: project_pruning(SMOL, "H100", executed_blocks_pruned=10, bypass_kind="linear",
+                                           bypass_rank=r),
+                 lambda r: bytes_per_token(SMOL, 2, 10, "linear", r),
+                 lambda r: SMOL.bypassed_block_weights("linear", r)):
+        with pytest.raises(HarnessInputError, match=r"bypass rank 577 exceeds the model's hidden size 576"):
+            call(577)
+        call(576)  # full rank is the largest a map of the stream can have
+
+
+def test_cli_refuses_a_bypass_rank_above_the_hidden_size(capsys):
+    """It printed a negative 'projected GPU time freed' (-0.477) and exited 0."""
+    from rsp_bench import cli
+
+    code = cli.main(["project", "--executed-blocks", "10", "--bypass-rank", "100000", "--profiles", "H100"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert "bypass rank 100000" in err and "hidden size 576" in err
+
+
+@pytest.mark.parametrize("shape", [SMOL, LLAMA7B], ids=["smollm2", "llama7b"])
+def test_no_valid_bypass_frees_negative_gpu_time(shape):
+    n = shape.n_layers
+    for profile in PROFILES:
+        for batch in (1, 64):
+            for executed in (0, n / 2, n - 0.01, n):
+                for rank in (0, 1, shape.hidden // 2, shape.hidden):
+                    kind = "linear" if rank else "identity"
+                    freed = project_pruning(shape, profile, batch=batch, executed_blocks_pruned=executed,
+                                            bypass_kind=kind, bypass_rank=rank)["freed_fraction"]
+                    assert freed >= 0, (profile, batch, executed, rank, freed)
+
+
 def test_device_names_match_sxm_profiles_only():
     assert match_device_name("NVIDIA H200").name == "H200"
     assert match_device_name("NVIDIA A100-SXM4-80GB").name == "A100"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
-import os
 import secrets
 import sys
 import time
@@ -72,7 +71,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-url", metavar="URL", help="served engines: the base's OpenAI-compatible URL (with --head-url)")
     g.add_argument("--head-url", metavar="URL", help="served engines: the head's URL")
     g.add_argument("--repo", default=".", metavar="DIR", help="the checkout (default: the current directory)")
-    g.add_argument("--engine", default="reference", metavar="NAME", help="in-process adapter, a registry name (default: reference)")
+    g.add_argument("--engine", default=None, metavar="NAME",
+                   help="adapter, a registry name (default: reference; openai with --base-url/--head-url)")
     g.add_argument("--model", default=None, help="local model folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--mode", type=_mode, default="off", help="pruning mode both sides run (default: off)")
     g.add_argument("--sensitivity", type=_num("--sensitivity", 0, 1), default=None, help="sensitivity for lossy mode")
@@ -129,7 +129,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def _settings(a: argparse.Namespace) -> Any:
     from rsp_bench.ab.runner import ABSettings
 
-    return ABSettings(base=a.base, head=a.head, base_url=a.base_url, head_url=a.head_url, repo=a.repo, engine=a.engine,
+    return ABSettings(base=a.base, head=a.head, base_url=a.base_url, head_url=a.head_url, repo=a.repo,
+                      engine=a.engine or ("openai" if a.base_url or a.head_url else "reference"),
                       model=a.model, mode=a.mode, sensitivity=a.sensitivity, horizon=a.horizon, confidence=a.confidence, trim=a.trim,
                       budget_s=a.budget, min_rounds=a.min_rounds, max_rounds=a.max_rounds, batches=a.batch,
                       speed_tokens=a.speed_tokens, quality_prompts=a.prompts, quality_tokens=a.tokens, squad=a.squad,

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 from rsp_bench.ab.report import ABReport
 from rsp_bench.ab.stats import decide, log_ratio_interval
 from rsp_bench.errors import HarnessInputError
+from rsp_bench.load_client import check_url
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -82,6 +83,17 @@ class ABSettings:
                                     "(served engines), not both")
         if not served and self.base is None:
             raise HarnessInputError("--base REF is required (a git ref of the base), or --base-url with --head-url")
+        if served and self.engine != "openai":
+            # any other adapter loads the local engine and never calls the URLs: the run would
+            # compare this tree with itself and pass
+            raise HarnessInputError(f"--base-url/--head-url need --engine openai (the adapter that calls them), "
+                                    f"got --engine {self.engine!r}")
+        for flag, url in (("--base-url", self.base_url), ("--head-url", self.head_url)):
+            if url is not None:
+                check_url(url, flag)
+        # the served sides run this harness's own tree, so only --base REF reads --repo
+        if not served and not Path(self.repo).expanduser().is_dir():
+            raise HarnessInputError(f"--repo {str(self.repo)!r} is not a folder (give the git checkout to compare in)")
         for name, value, lo in (("min_rounds", self.min_rounds, 2), ("max_rounds", self.max_rounds, 2),
                                 ("speed_tokens", self.speed_tokens, 3), ("quality_prompts", self.quality_prompts, 0),
                                 ("quality_tokens", self.quality_tokens, 1), ("squad", self.squad, 0),
@@ -494,8 +506,8 @@ def prepared_sides(settings: ABSettings, log_dir: Path) -> Iterator[tuple[Side, 
 def run_ab(settings: ABSettings | None = None, *, progress: Callable[[int, dict], None] | None = None,
            log_dir: str | os.PathLike[str] | None = None, **overrides: Any) -> ABReport:
     """One A/B run: ``run_ab(base="origin/main")`` compares that ref with the working tree of the
-    current checkout; ``run_ab(base_url=..., head_url=...)`` two served engines. What the pytest
-    plugin and the CLI call; settings as ``ABSettings`` fields."""
+    current checkout; ``run_ab(base_url=..., head_url=..., engine="openai")`` two served engines.
+    What the pytest plugin and the CLI call; settings as ``ABSettings`` fields."""
     settings = settings or ABSettings()
     for k, v in overrides.items():
         if not hasattr(settings, k):

@@ -146,7 +146,7 @@ class ModelShape:
     def bypassed_block_weights(self, bypass_kind: str = "identity", bypass_rank: int = 0) -> int:
         """Weights a bypassed block still reads: input norm and K/V projections (the
         engine writes K/V for bypassed blocks), plus the rank-r map of a linear bypass."""
-        kind = _check_bypass(bypass_kind, bypass_rank)
+        kind = _check_bypass(bypass_kind, bypass_rank, self)
         extra = 2 * self.hidden * bypass_rank if kind == "linear" else 0
         return self.hidden + 2 * self.kv_dim * self.hidden + extra
 
@@ -203,7 +203,7 @@ def elementwise_op(name: str, elems_in: float, elems_out: float, flops: float,
               kernels=kernels, **kw)
 
 
-def _check_bypass(bypass_kind: str, bypass_rank: int) -> str:
+def _check_bypass(bypass_kind: str, bypass_rank: int, shape: ModelShape) -> str:
     if bypass_kind not in BYPASS_KINDS:
         raise HarnessInputError(
             f"unknown bypass_kind {bypass_kind!r}; valid kinds: {', '.join(BYPASS_KINDS)}"
@@ -211,6 +211,13 @@ def _check_bypass(bypass_kind: str, bypass_rank: int) -> str:
     if bypass_kind == "linear" and (not isinstance(bypass_rank, int) or bypass_rank < 1):
         raise HarnessInputError(
             f"bypass_kind='linear' needs an integer bypass_rank >= 1, got {bypass_rank!r}"
+        )
+    # a map of the hidden stream has rank at most hidden: a larger r describes no real bypass,
+    # and priced as written its factors soon read more than the block they replace
+    if bypass_kind == "linear" and bypass_rank > shape.hidden:
+        raise HarnessInputError(
+            f"bypass rank {bypass_rank} exceeds the model's hidden size {shape.hidden} "
+            f"(a linear bypass has rank 1 to {shape.hidden})"
         )
     return bypass_kind
 
@@ -269,7 +276,7 @@ def decode_step_ops(shape: ModelShape, batch: int, context: int, dtype_bytes: fl
     ``router_*`` add the pruning router's own cost per block (a score kernel, Python).
     """
     _check_step_inputs(batch, context)
-    kind = _check_bypass(bypass_kind, bypass_rank)
+    kind = _check_bypass(bypass_kind, bypass_rank, shape)
     if not dtype_bytes > 0:
         raise HarnessInputError(f"dtype_bytes must be > 0, got {dtype_bytes!r}")
     kc = dict(EAGER_KERNELS)
@@ -358,7 +365,7 @@ def bytes_per_token(shape: ModelShape, dtype_bytes: float = 4,
     """
     if not dtype_bytes > 0:
         raise HarnessInputError(f"dtype_bytes must be > 0, got {dtype_bytes!r}")
-    _check_bypass(bypass_kind, bypass_rank)
+    _check_bypass(bypass_kind, bypass_rank, shape)
     shares = block_fractions(shape, executed_blocks)
     kept = sum(shares)
     weights = (shape.hidden  # embedding row of the token
