@@ -100,13 +100,25 @@ def read_held_out(path: Path) -> tuple[str, ...]:
     """The prompts of a JSONL file, one JSON object with a "text" per line; ValueError when it
     cannot be read as one, or holds none."""
     try:
-        prompts = tuple(json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()
-                        if line.strip())
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a JSONL file of objects with a \"text\" ({exc})") from exc
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot be read ({exc})") from exc
+    prompts = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:  # each line is parsed alone, so json's own "line 1" would point at the wrong line
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"line {no}: not valid JSON ({exc})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ValueError(f"line {no}: not a JSON object with a \"text\" string")
+        if not row["text"].strip():
+            raise ValueError(f"line {no}: the prompt is empty")
+        prompts.append(row["text"])
     if not prompts:
         raise ValueError("no prompts")
-    return prompts
+    return tuple(prompts)
 
 
 class Case:

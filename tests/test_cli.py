@@ -169,6 +169,18 @@ def test_sensitivity_scale_prompt_file_errors_name_the_files_line(text, fragment
     _assert_one_line_error(code, err, "--prompts", str(prompts), *fragments)
 
 
+@pytest.mark.parametrize("text, fragments", [
+    ('{"text": "ok"}\n{"text": "a" "b"}\n', ["line 2: not valid JSON"]),
+    ('{"text": "ok"}\n\n{"text": "  "}\n', ["line 3: the prompt is empty"]),
+    ('{"text": "ok"}\n["a"]\n', ["line 2: not a JSON object"]),
+])
+def test_router_curve_held_out_errors_name_the_files_line(text, fragments, tmp_path, capsys, no_model) -> None:
+    held = tmp_path / "held.jsonl"
+    held.write_text(text)
+    code, _, err = _main(["router-curve", "--held-out", str(held)], capsys)
+    _assert_one_line_error(code, err, "--held-out", str(held), *fragments)
+
+
 def test_log_file_that_is_a_folder(tmp_path, capsys, no_model) -> None:
     code, _, err = _main(["generate", "hi", "--log-file", str(tmp_path)], capsys)
     _assert_one_line_error(code, err, "--log-file", str(tmp_path))
