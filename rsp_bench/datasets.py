@@ -24,7 +24,7 @@ from rsp_bench.errors import HarnessInputError
 __all__ = [
     "SquadItem", "StructuredDoc", "PromptItem", "fixtures_dir",
     "load_squad", "load_structured", "load_prompts", "quick_subset",
-    "squad_prompt", "structured_prompt",
+    "squad_prompt", "structured_prompt", "read_prompt_texts",
 ]
 
 FIXTURES_ENV = "RSP_BENCH_FIXTURES"
@@ -111,6 +111,36 @@ def read_jsonl(path: Path, required: dict[str, type]) -> list[dict[str, Any]]:
         duplicate = next(i for i in ids if ids.count(i) > 1)
         raise HarnessInputError(f"{path} repeats the id {duplicate!r}")
     return rows
+
+
+def read_prompt_texts(path: Path, plain_lines: bool = True) -> list[str]:
+    """The prompts of a file: JSON lines of objects with a "text" (as fixtures/router_curve/ holds)
+    or, with ``plain_lines``, also lines of plain text, one prompt each. ValueError naming the
+    line for a broken or empty one, or when there are none."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot be read ({exc})") from None
+    out = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if plain_lines and not line.lstrip().startswith("{"):
+            out.append(line)
+            continue
+        try:  # each line is parsed alone, so json's own "line 1" would point at the wrong line
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"line {no}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ValueError(f"line {no}: not a JSON object with a \"text\" string")
+        if not row["text"].strip():
+            # the chat template alone would be generated from, as `generate` refuses to do
+            raise ValueError(f"line {no}: the prompt is {'empty' if not row['text'] else 'only whitespace'}")
+        out.append(row["text"])
+    if not out:
+        raise ValueError("no prompts in the file")
+    return out
 
 
 def load_squad(path: str | os.PathLike | None = None, limit: int | None = None) -> list[SquadItem]:

@@ -53,6 +53,7 @@ from reference_engine.model import forward_units
 from reference_engine.sensitivity_scale import TUNE_PROMPTS
 from reference_engine.unit_predictor import unit_bytes
 from rsp_bench import metrics
+from rsp_bench.datasets import read_prompt_texts
 from rsp_bench.engines.reference import random_units, shortgpt_units, unit_budget_bracket
 from rsp_bench.storage import atomic_write_text
 
@@ -97,28 +98,9 @@ def _log(message: str) -> None:
 
 
 def read_held_out(path: Path) -> tuple[str, ...]:
-    """The prompts of a JSONL file, one JSON object with a "text" per line; ValueError when it
-    cannot be read as one, or holds none."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot be read ({exc})") from exc
-    prompts = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:  # each line is parsed alone, so json's own "line 1" would point at the wrong line
-            row = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"line {no}: not valid JSON ({exc})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise ValueError(f"line {no}: not a JSON object with a \"text\" string")
-        if not row["text"].strip():
-            raise ValueError(f"line {no}: the prompt is empty")
-        prompts.append(row["text"])
-    if not prompts:
-        raise ValueError("no prompts")
-    return tuple(prompts)
+    """The prompts of a JSONL file, one JSON object with a "text" per line; ValueError naming the
+    line when one is broken or empty, or when there are none."""
+    return tuple(read_prompt_texts(path, plain_lines=False))
 
 
 class Case:

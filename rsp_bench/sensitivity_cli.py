@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rsp_bench.datasets import read_prompt_texts
+
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "fixtures" / "router_curve" / "heldout_2026-12-03.jsonl"
 DEFAULT_SENSITIVITIES = (0.25, 0.5, 0.75, 1.0)
 
@@ -30,31 +32,6 @@ DEFAULT_SENSITIVITIES = (0.25, 0.5, 0.75, 1.0)
 def _usage(msg: str) -> int:
     print(f"rsp-bench sensitivity-scale: error: {msg}", file=sys.stderr)
     return 2
-
-
-def read_prompts(path: Path) -> list[str]:
-    """A JSONL file of objects with a "text" (as fixtures/router_curve/ holds), or plain lines."""
-    text = path.read_text(encoding="utf-8")
-    out = []
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:  # each line is parsed alone, so json's own "line 1" would point at the wrong line
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON: {exc.msg}: line {no} column {exc.colno}") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"line {no}: a JSON line must be an object with a \"text\" string")
-            if not row["text"].strip():
-                # the chat template alone would be generated from, as `generate` refuses to do
-                raise ValueError(f"line {no}: the prompt is {'empty' if not row['text'] else 'only whitespace'}")
-            out.append(row["text"])
-        else:
-            out.append(line)
-    if not out:
-        raise ValueError("no prompts in the file")
-    return out
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -81,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens < 2:
         return _usage(f"--tokens must be an integer >= 2, got {args.tokens}")
     try:
-        prompts = read_prompts(args.prompts)
+        prompts = read_prompt_texts(args.prompts)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         return _usage(f"--prompts {args.prompts}: {exc}")
     if args.model is not None and not Path(args.model).exists():

@@ -158,7 +158,7 @@ def test_default_outputs_pass_the_writability_check() -> None:
 
 @pytest.mark.parametrize("text, fragments", [
     # each line was parsed alone, so json said "line 1 column 13" of an error on line 2
-    ('{"text": "ok"}\n{"text": "a" "b"}\n', ["not valid JSON", "line 2 column 14"]),
+    ('{"text": "ok"}\n{"text": "a" "b"}\n', ["line 2: not valid JSON", "column 14"]),
     ('{"text": "ok"}\n\n{"text": ""}\n', ["line 3: the prompt is empty"]),
     ('{"text": " \\n"}\n', ["line 1: the prompt is only whitespace"]),
 ])
@@ -171,8 +171,9 @@ def test_sensitivity_scale_prompt_file_errors_name_the_files_line(text, fragment
 
 @pytest.mark.parametrize("text, fragments", [
     ('{"text": "ok"}\n{"text": "a" "b"}\n', ["line 2: not valid JSON"]),
-    ('{"text": "ok"}\n\n{"text": "  "}\n', ["line 3: the prompt is empty"]),
+    ('{"text": "ok"}\n\n{"text": "  "}\n', ["line 3: the prompt is only whitespace"]),
     ('{"text": "ok"}\n["a"]\n', ["line 2: not a JSON object"]),
+    ('\n\n', ["no prompts"]),
 ])
 def test_router_curve_held_out_errors_name_the_files_line(text, fragments, tmp_path, capsys, no_model) -> None:
     held = tmp_path / "held.jsonl"
