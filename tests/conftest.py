@@ -1,4 +1,5 @@
-"""Shared fixtures for the unit tests: a seeded tiny random Llama model and its engine.
+"""Shared fixtures for the unit tests: a seeded tiny random Llama model and its engine, and a
+real uvicorn server in a thread for the server tests that need a socket.
 
 The tiny model (6 blocks, hidden 64, a 400-token BPE vocabulary) is built once per session in a
 temporary folder, and its calibration is cached there too, so unit tests never touch the user's
@@ -7,8 +8,13 @@ cache or the embedded model.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
+import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -59,3 +65,28 @@ def tiny_engine(tiny_model_dir):
     from reference_engine import Engine
 
     return Engine.load(tiny_model_dir)
+
+
+@contextlib.contextmanager
+def _live_server(app: Any) -> Iterator[str]:
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def live_server():
+    """``with live_server(app) as url``: ``app`` under a real uvicorn on a free port of
+    127.0.0.1, in a thread (a socket matters for disconnects and real clients), stopped after."""
+    return _live_server

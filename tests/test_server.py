@@ -6,14 +6,12 @@ calls it with the official ``openai`` client.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import json
 import os
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -288,30 +286,10 @@ def test_detailed_log_lines_carry_request_id(tiny_engine, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_url(tiny_engine):
+def tiny_url(tiny_engine, live_server):
     """The app under a real uvicorn on a free port of 127.0.0.1, in a thread (tiny model)."""
-    with _uvicorn_thread(tiny_engine, ServerSettings(DEFAULT)) as url:
+    with live_server(create_app(tiny_engine, ServerSettings(DEFAULT))) as url:
         yield url + "/v1"
-
-
-@contextlib.contextmanager
-def _uvicorn_thread(engine, settings):
-    import socket
-
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def test_openai_adapter_mode_off_matches_in_process(tiny_url, tiny_engine):
@@ -529,11 +507,11 @@ def test_batch_log_sends_each_row_its_own_records():
 
 
 @pytest.fixture(scope="module")
-def batching_url(tiny_engine):
+def batching_url(tiny_engine, live_server):
     """A real uvicorn server (tiny model) batching up to 4 requests, with a long window so that 4
     requests sent at once share one batch even on a loaded machine."""
     settings = ServerSettings(DEFAULT, max_batch=4, batch_window_ms=2000.0, batch_modes=runner.BATCHABLE_MODES)
-    with _uvicorn_thread(tiny_engine, settings) as url:
+    with live_server(create_app(tiny_engine, settings)) as url:
         yield url
 
 

@@ -11,10 +11,8 @@ server around the engine, not the engine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,26 +42,10 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
-@contextlib.contextmanager
-def slow_live_server(tiny_engine, monkeypatch):
-    """A real uvicorn on a free port of 127.0.0.1 (a socket matters for disconnects), its decode
-    slowed to 20 ms a token so that a client can leave mid-request; yields the base URL."""
-    import uvicorn
-
+def slowed(monkeypatch) -> None:
+    """Decode slowed to 20 ms a token, so that a client can leave mid-request."""
     real = runner.RowControl.token
     monkeypatch.setattr(runner.RowControl, "token", lambda self, *a: (time.sleep(0.02), real(self, *a)))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(tiny_engine, ServerSettings(DEFAULT)), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -364,10 +346,11 @@ def test_request_timeout_is_504_and_stops_the_decode(tiny_engine, monkeypatch):
         assert metric(c.get("/metrics").text, "rsp_cancelled_requests_total", '{reason="timeout"}') == 1.0
 
 
-def test_disconnect_mid_stream_stops_the_engine_within_steps(tiny_engine, monkeypatch):
+def test_disconnect_mid_stream_stops_the_engine_within_steps(tiny_engine, monkeypatch, live_server):
     import httpx
 
-    with slow_live_server(tiny_engine, monkeypatch) as url:
+    slowed(monkeypatch)
+    with live_server(create_app(tiny_engine, ServerSettings(DEFAULT))) as url:
         with httpx.Client(base_url=url, timeout=60) as http:
             body = {"messages": MSG, "max_tokens": 200, "stream": True}
             with http.stream("POST", "/v1/chat/completions", json=body, headers=OFF) as r:
@@ -480,11 +463,12 @@ def test_deep_json_unknown_roles_and_coerced_types_are_400s(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
 
 
-def test_a_client_that_leaves_mid_decode_is_not_an_internal_error(tiny_engine, monkeypatch, caplog):
+def test_a_client_that_leaves_mid_decode_is_not_an_internal_error(tiny_engine, monkeypatch, caplog, live_server):
     import httpx
 
     caplog.set_level("INFO", logger="reference_engine.server")
-    with slow_live_server(tiny_engine, monkeypatch) as url:
+    slowed(monkeypatch)
+    with live_server(create_app(tiny_engine, ServerSettings(DEFAULT))) as url:
         with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=url, timeout=0.3) as http:
             http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 200}, headers=OFF)
         with httpx.Client(base_url=url, timeout=30) as http:
