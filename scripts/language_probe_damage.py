@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,12 +31,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-FIT = ("degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b", "degradation_heldout_2026-12-04b")
+sys.path.insert(0, str(REPO / "scripts"))
+from fit_language_rule import DAMAGE_TOKENS, FIT, _items  # noqa: E402  (the rule's own splits and reader)
+
+from reference_engine.unit_predictor import spearman  # noqa: E402
+from rsp_bench.degradation_report import damage  # noqa: E402
+from rsp_bench.storage import atomic_write_json  # noqa: E402
+
 ODD_FROM = ("degradation_heldout_2026-12-04",)
-
-
-def _items(split: str) -> list[dict]:
-    return [json.loads(line) for line in (REPO / "fixtures" / split / "prompts.jsonl").open()]
 
 
 def _user_span(engine, ids: list[int]) -> tuple[int, int]:
@@ -61,17 +62,16 @@ def _kl(engine, prefix: list[int], cont: list[int]) -> float:
 
 
 def measure(engine, text: str, probe: int, answer_tokens: int) -> dict:
-    (off,) = engine.generate([text], max_new_tokens=answer_tokens, mode="off")
-    ids = list(off.prompt_ids)
+    """The answer's damage as ``rsp-bench degradation`` measures it, and the probe's."""
+    ids = engine.encode(text)
     start, end = _user_span(engine, ids)
     s = max(start + 1, end - probe)
-    return {"answer_kl": _kl(engine, ids, off.token_ids or [engine.eos_id]),
+    return {"answer_kl": damage(engine, text, answer_tokens)["kl_mean"],
             "probe_kl": _kl(engine, ids[:s], ids[s:end]), "probe_tokens": end - s}
 
 
 def _spearman(a, b) -> float:
-    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
-    return float(np.corrcoef(ra, rb)[0, 1])
+    return float(spearman(np.asarray(a, dtype=float), np.asarray(b, dtype=float)))
 
 
 def main() -> int:
@@ -100,7 +100,7 @@ def main() -> int:
                    for it in _items(s) if it["group"] == "odd"][: a.odd]
     rows, t0 = [], time.time()
     for i, c in enumerate(chosen):
-        rows.append({k: c[k] for k in ("split", "id", "lang", "group")} | measure(engine, c["text"], a.probe, 16))
+        rows.append({k: c[k] for k in ("split", "id", "lang", "group")} | measure(engine, c["text"], a.probe, DAMAGE_TOKENS))
         if i % 25 == 0:
             print(f"{i + 1}/{len(chosen)} {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
     plain = [r for r in rows if r["group"] == "plain"]
@@ -122,11 +122,9 @@ def main() -> int:
         "wall_s": round(time.time() - t0, 1),
     }
     out = {"what": __doc__.split("\n")[0], "command": "python scripts/language_probe_damage.py " + " ".join(sys.argv[1:]),
-           "config": {"probe": a.probe, "answer_tokens": 16, "fit_splits": FIT, "odd_from": ODD_FROM},
+           "config": {"probe": a.probe, "answer_tokens": DAMAGE_TOKENS, "fit_splits": FIT, "odd_from": ODD_FROM},
            "summary": summary, "languages": langs, "rows": rows}
-    tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    os.replace(tmp, a.out)
+    atomic_write_json(a.out, out)
     print(json.dumps(summary, indent=1))
     return 0
 
