@@ -373,6 +373,8 @@ class Engine(UnitRouting, ProtectiveDegradation):
                 "router": router_name,  # None: no router ran (mode off, static, lossless)
                 "router_fallback": router_fallback,  # why the router asked for did not run, or None
                 "unit_threshold_scale": router.internal_sensitivity if prunes_unit and router is not None else None,
+                # which of the predictor's ridges scored ("shallow", or "deep" from its deep_from on)
+                "unit_ridges": router.ridges if prunes_unit and router is not None else None,
                 # the share controller's final log factor on the row's threshold (None: no controller ran)
                 "unit_share_steer": (float(router.ctl[b]) if prunes_unit and router is not None
                                      and getattr(router, "target_bytes", 0) > 0 else None),

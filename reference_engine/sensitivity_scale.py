@@ -35,7 +35,7 @@ from .calibration import atomic_write
 if TYPE_CHECKING:
     from .engine import Engine
 
-SCALE_VERSION = 3  # 3: the free router's threshold scale, predictor v3 (2: the static prior's candidate share)
+SCALE_VERSION = 4  # 4: predictor v4 (deep ridges from its deep_from); 3: v3; 2: the static prior's candidate share
 SHARE_AT_FULL = 0.20  # sensitivity 1.0 asks for a fifth of a decode token's weight bytes not read
 FIT_TOKENS = 64
 # Internal scales tried by ``fit``: the free router's threshold scales (0.03 skipped about 2 and
@@ -166,10 +166,20 @@ def measure_share(engine: "Engine", internal: float, prompts: Sequence[str] = TU
     return sum(shares) / len(shares)
 
 
+def fit_grid(deep_from: float | None, grid: Sequence[float] = FIT_GRID) -> list[float]:
+    """The scales ``fit`` measures: ``grid``, and where the predictor's deep ridges start inside
+    it, both sides of that start. The share jumps there; measuring the left side too keeps every
+    target below the jump interpolated within the shallow ridges' own points."""
+    if deep_from is not None and min(grid) < deep_from <= max(grid):
+        return sorted(set(grid) | {deep_from * (1 - 1e-6), deep_from})
+    return sorted(grid)
+
+
 def fit(engine: "Engine", grid: Sequence[float] = FIT_GRID, prompts: Sequence[str] = TUNE_PROMPTS,
         tokens: int = FIT_TOKENS, progress: Callable[[str], None] | None = None) -> SensitivityScale:
     """Measure the mean share at each threshold scale of ``grid`` and keep the monotone curve."""
     t0 = time.perf_counter()
+    grid = fit_grid(engine.unit_predictor().deep_from, grid)
     pts = []
     for x in grid:
         y = measure_share(engine, x, prompts, tokens)

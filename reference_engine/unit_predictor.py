@@ -22,8 +22,15 @@ the held-out part. Labels (version 3): each unit bypassed at one decode token al
 (``isolated_bypass``), the cost of the decision the router makes; version 2 bypassed it on every
 decode token at once (``labels="sequence"``, kept for comparison). Why: on the development prompts
 the version-3 predictor led the best static removal by 5-8 top-1 points with a lower KL at 1-6
-blocks' worth, version 2 by -6 to +5 (docs/unit-router.md, "More text with per-token labels"). The result ships as package data (``data/unit_predictor/<sha16>-v<N>.npz``) keyed by the
-weights' sha256; ``rsp-bench calibrate`` rebuilds it.
+blocks' worth, version 2 by -6 to +5 (docs/unit-router.md, "More text with per-token labels").
+
+Deep ridges (version 4): a second ridge per unit, fitted the same way on 284 prompts
+(``deep_training_prompts()``: the 164 and 120 more frozen plain requests) through the same maps,
+scores every request whose threshold scale starts at ``DEEP_FROM`` or above. On the development
+prompts ridges on more text cost the shallow budgets and helped the deep ones, so each keeps the
+budgets it is better at (docs/unit-router.md, "Version 4"). The result ships as package data
+(``data/unit_predictor/<sha16>-v<N>.npz``) keyed by the weights' sha256; ``rsp-bench calibrate``
+rebuilds it.
 
 Unit maps (version 2): each unit also gets a low-rank stand-in fitted by least squares on the
 fitting part, update ~ (h @ down) @ up from the stream h entering the unit (rank ``MAP_RANK``, as
@@ -56,7 +63,13 @@ from .calibration import fit_low_rank, atomic_write
 from .isolated_bypass import forward_unit_alone
 from .model import BypassMap, KVCache, ModelWeights, decode_step, forward_units, prefill
 
-PREDICTOR_VERSION = 3  # 3: per-token labels on 164 prompts (2: whole-sequence labels on 48)
+PREDICTOR_VERSION = 4  # 4: v3 plus ridges on 284 prompts for deep budgets (3: per-token labels on 164 prompts)
+# Threshold scale (the router's internal sensitivity) from which the deep ridges score. On the
+# development prompts the ridges on 284 prompts lowered KL and raised the lead over static removal
+# from about 4.5 blocks' worth per token on and cost the shallow end (results/predictor_v3maps_284_curve_dev.json,
+# results/predictor_v4_hybrid_dev.json); version 3's packaged threshold scale reaches 4.5 blocks' worth
+# at about 0.05 on the tune prompts.
+DEEP_FROM = 0.05
 MAP_RANK = 32
 MAP_CHOICE_PROMPTS = 8  # fitting prompts on which each unit's map is compared with identity
 SEED = 16
@@ -120,6 +133,7 @@ TRAIN_PROMPTS = (
 
 
 TRAINING_TEXT_FILE = Path(__file__).resolve().parent / "data" / "training_text" / "plain_en.jsonl"
+DEEP_TEXT_FILE = TRAINING_TEXT_FILE.with_name("plain_en_more.jsonl")
 
 
 @lru_cache(maxsize=1)
@@ -129,6 +143,15 @@ def training_prompts() -> tuple[str, ...]:
     extra = [json.loads(line)["text"] for line in TRAINING_TEXT_FILE.read_text(encoding="utf-8").splitlines()
              if line.strip()]
     return TRAIN_PROMPTS + tuple(extra)
+
+
+@lru_cache(maxsize=1)
+def deep_training_prompts() -> tuple[str, ...]:
+    """The deep ridges' training text: ``training_prompts()`` and the 120 frozen plain English
+    requests of ``DEEP_TEXT_FILE``, in that order (the seed split depends on it)."""
+    more = [json.loads(line)["text"] for line in DEEP_TEXT_FILE.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    return training_prompts() + tuple(more)
 
 
 def unit_bytes(w: ModelWeights, maps: "list[BypassMap | None] | None" = None) -> tuple[np.ndarray, int]:
@@ -162,6 +185,11 @@ class UnitPredictor:
     map_down: np.ndarray | None = None  # [2L, D, r] float32 (zeros where unused)
     map_up: np.ndarray | None = None  # [2L, r, D]
     map_use: np.ndarray | None = None  # [2L] bool: the unit's bypass takes its map
+    # Version 4: ridges fitted on more text with the same maps, scoring from threshold scale
+    # ``deep_from`` up (None: the one ridge scores at every scale).
+    deep_weight: np.ndarray | None = None  # [2L, D]
+    deep_bias: np.ndarray | None = None  # [2L]
+    deep_from: float | None = None
 
     @property
     def n_units(self) -> int:
@@ -176,6 +204,14 @@ class UnitPredictor:
                                     torch.from_numpy(np.ascontiguousarray(self.map_up[u]))) if use[u] else None
                           for u in range(self.n_units)]
         return self._maps
+
+    def ridges_for(self, scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """(weight, bias) that score a request whose threshold scale starts at ``scale``: the deep
+        ridges from ``deep_from`` up, else the shallow ones. Chosen once per request, so the
+        share controller's later moves never swap them mid-request."""
+        if self.deep_weight is not None and self.deep_from is not None and scale >= self.deep_from:
+            return self.deep_weight, self.deep_bias
+        return self.weight, self.bias
 
     def log_scores(self, x: np.ndarray, unit: int) -> np.ndarray:
         """x [N, D] inputs of ``unit`` -> predicted log nats [N] (what the step computes)."""
@@ -194,8 +230,11 @@ def save(p: UnitPredictor, folder: Path) -> Path:
     # maps stored as float16 (half the package data; a stand-in's last bits do not matter), used as fp32
     maps = {} if p.map_use is None else {"map_down": p.map_down.astype(np.float16),
                                          "map_up": p.map_up.astype(np.float16), "map_use": p.map_use}
+    deep = {} if p.deep_weight is None else {"deep_weight": p.deep_weight.astype(np.float32),
+                                             "deep_bias": p.deep_bias.astype(np.float32),
+                                             "deep_from": np.float64(p.deep_from)}
     np.savez(buf, weight=p.weight.astype(np.float32), bias=p.bias.astype(np.float32), impact=p.impact,
-             block_influence=p.block_influence, meta=np.frombuffer(meta.encode(), dtype=np.uint8), **maps)
+             block_influence=p.block_influence, meta=np.frombuffer(meta.encode(), dtype=np.uint8), **maps, **deep)
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(buf.getvalue()))
     return path
 
@@ -211,7 +250,9 @@ def load(folder: Path, weights_sha256: str) -> UnitPredictor | None:
             p = UnitPredictor(meta["weights_sha256"], z["weight"].astype(np.float32), z["bias"].astype(np.float32),
                               z["impact"], z["block_influence"], meta.get("report", {}), meta["version"],
                               *((z["map_down"].astype(np.float32), z["map_up"].astype(np.float32),
-                                 z["map_use"].astype(bool)) if "map_use" in z.files else ()))
+                                 z["map_use"].astype(bool)) if "map_use" in z.files else (None, None, None)),
+                              *((z["deep_weight"].astype(np.float32), z["deep_bias"].astype(np.float32),
+                                 float(z["deep_from"])) if "deep_weight" in z.files else ()))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # damaged: retrained, never trusted
     if p.version != PREDICTOR_VERSION or p.weights_sha256 != weights_sha256:
@@ -399,35 +440,33 @@ def choose_ridge(x_fit: np.ndarray, y_fit: np.ndarray, x_held: np.ndarray, y_hel
     return best[1], best[2], best[3]
 
 
-def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | None, weights_sha256: str,
-          progress: Callable[[str], None] | None = None, prompts: tuple[str, ...] | None = None,
-          continuation_tokens: int = CONTINUATION_TOKENS, kernel: str = "torch",
-          labels: str = "token") -> UnitPredictor:
-    """Fit the predictor on ``prompts`` (default ``training_prompts()``; fixed seed split: 3/4
-    fitting, 1/4 held out). ``labels`` as ``collect`` takes them: "token" (version 3: each unit
-    bypassed at one token alone, the cost the router's per-token decision actually causes) or
-    "sequence" (version 2's: bypassed on every decode token at once). About 35 min on 2 CPU cores
-    for the embedded 135M model."""
-    prompts = training_prompts() if prompts is None else tuple(prompts)
-    if labels not in ("sequence", "token"):
-        raise ValueError(f"labels must be 'sequence' or 'token', got {labels!r}")
-    say = progress or (lambda _m: None)
-    t0 = time.perf_counter()
-    L = w.dims.n_layers
+def _continuations(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | None, prompts: tuple[str, ...],
+                   continuation_tokens: int, kernel: str, say: Callable[[str], None],
+                   known: dict[str, tuple[list[int], int]] | None = None) -> list[tuple[list[int], int]]:
+    """(prompt + greedy continuation ids, prompt length) per prompt; ``known`` ones are reused."""
+    known = known or {}
     sequences = []
     for i, prompt in enumerate(prompts):
-        ids = encode(prompt)
-        sequences.append((ids + greedy_continuation(w, ids, continuation_tokens, eos_id, kernel), len(ids)))
+        if prompt not in known:
+            ids = encode(prompt)
+            known[prompt] = (ids + greedy_continuation(w, ids, continuation_tokens, eos_id, kernel), len(ids))
+        sequences.append(known[prompt])
         say(f"unit predictor: continuations {i + 1}/{len(prompts)}")
-    rng = np.random.default_rng(SEED)
-    order = rng.permutation(len(prompts))
-    held = set(order[: max(1, len(prompts) // 4)].tolist())
-    fitting = [sq for i, sq in enumerate(sequences) if i not in held]
-    down, up, use, map_report = fit_unit_maps(w, fitting, rank=max(1, min(MAP_RANK, w.dims.hidden // 4)),
-                                              progress=progress)
-    plain_bytes, _ = unit_bytes(w)
-    use &= 2 * down[0].size * 4 < plain_bytes  # a map must cost fewer bytes than the unit it stands in for
-    maps = [BypassMap(torch.from_numpy(down[u]), torch.from_numpy(up[u])) if use[u] else None for u in range(2 * L)]
+    return sequences
+
+
+def _held_out(n: int) -> set[int]:
+    """The fixed seed split: a quarter of the prompts held out to choose each ridge's strength."""
+    return set(np.random.default_rng(SEED).permutation(n)[: max(1, n // 4)].tolist())
+
+
+def _fit_ridges(w: ModelWeights, sequences: list[tuple[list[int], int]], maps: "list[BypassMap | None]",
+                progress: Callable[[str], None] | None, labels: str) -> tuple[np.ndarray, np.ndarray, UnitSamples,
+                                                                               np.ndarray, dict]:
+    """Labels on ``sequences`` through ``maps``, then one ridge per unit (strength chosen on the
+    held-out quarter): weight, bias, the samples, the fitting rows and the ranking report."""
+    L = w.dims.n_layers
+    held = _held_out(len(sequences))
     samples = collect(w, sequences, progress, maps, labels=labels)
     is_held = np.array([p in held for p in samples.prompt])
     fit_rows, held_rows = ~is_held, is_held
@@ -442,23 +481,65 @@ def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | Non
         chosen.append(lam)
         weight[u], bias[u] = wv, b
         pred_held[u] = samples.x[u][held_rows] @ wv + b
+    kl_h = samples.kl[:, held_rows]
+    report = {
+        "prompts": len(sequences), "held_out_prompts": len(held),
+        "positions_fit": int(fit_rows.sum()), "positions_held_out": int(held_rows.sum()),
+        "spearman_predicted_vs_kl_pooled": spearman(pred_held.ravel(), kl_h.ravel()),
+        "spearman_predicted_vs_kl_within_unit_mean": float(np.mean([spearman(pred_held[u], kl_h[u]) for u in range(2 * L)])),
+        "ridge_lambda_rel": chosen,
+    }
+    return weight, bias, samples, fit_rows, report
+
+
+def train(w: ModelWeights, encode: Callable[[str], list[int]], eos_id: int | None, weights_sha256: str,
+          progress: Callable[[str], None] | None = None, prompts: tuple[str, ...] | None = None,
+          continuation_tokens: int = CONTINUATION_TOKENS, kernel: str = "torch",
+          labels: str = "token", deep_prompts: tuple[str, ...] | None = None) -> UnitPredictor:
+    """Fit the predictor on ``prompts`` (default ``training_prompts()``; fixed seed split: 3/4
+    fitting, 1/4 held out). ``labels`` as ``collect`` takes them: "token" (version 3: each unit
+    bypassed at one token alone, the cost the router's per-token decision actually causes) or
+    "sequence" (version 2's: bypassed on every decode token at once). Then the deep ridges (version
+    4): the same labels on ``deep_prompts`` (default ``deep_training_prompts()``; an empty tuple
+    skips them) through the maps just fitted, one more ridge per unit, scoring from ``DEEP_FROM``.
+    About 35 + 60 min on 2 CPU cores for the embedded 135M model."""
+    prompts = training_prompts() if prompts is None else tuple(prompts)
+    deep_prompts = deep_training_prompts() if deep_prompts is None else tuple(deep_prompts)
+    if labels not in ("sequence", "token"):
+        raise ValueError(f"labels must be 'sequence' or 'token', got {labels!r}")
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    L = w.dims.n_layers
+    sequences = _continuations(w, encode, eos_id, prompts, continuation_tokens, kernel, say)
+    held = _held_out(len(prompts))
+    fitting = [sq for i, sq in enumerate(sequences) if i not in held]
+    down, up, use, map_report = fit_unit_maps(w, fitting, rank=max(1, min(MAP_RANK, w.dims.hidden // 4)),
+                                              progress=progress)
+    plain_bytes, _ = unit_bytes(w)
+    use &= 2 * down[0].size * 4 < plain_bytes  # a map must cost fewer bytes than the unit it stands in for
+    maps = [BypassMap(torch.from_numpy(down[u]), torch.from_numpy(up[u])) if use[u] else None for u in range(2 * L)]
+    weight, bias, samples, fit_rows, ridge_report = _fit_ridges(w, sequences, maps, progress, labels)
+    held_rows = ~fit_rows
     kl_h, proxy_h = samples.kl[:, held_rows], samples.proxy[:, held_rows]
     impact = samples.kl[:, fit_rows].mean(1)
     # the proxy as a score: the block router's form, impact * rel / mean rel, per unit
     proxy_score = impact[:, None] * np.exp(proxy_h - samples.proxy[:, fit_rows].mean(1)[:, None])
     report = {
-        "seed": SEED, "prompts": len(prompts), "held_out_prompts": len(held),
-        "positions_fit": int(fit_rows.sum()), "positions_held_out": int(held_rows.sum()),
-        "continuation_tokens": continuation_tokens, "kl_floor": KL_FLOOR, "labels": labels,
-        "spearman_predicted_vs_kl_pooled": spearman(pred_held.ravel(), kl_h.ravel()),
+        "seed": SEED, **ridge_report, "continuation_tokens": continuation_tokens, "kl_floor": KL_FLOOR, "labels": labels,
         "spearman_proxy_vs_kl_pooled": spearman(proxy_score.ravel(), kl_h.ravel()),
         "spearman_impact_only_vs_kl_pooled": spearman(np.repeat(impact[:, None], kl_h.shape[1], 1).ravel(), kl_h.ravel()),
-        "spearman_predicted_vs_kl_within_unit_mean": float(np.mean([spearman(pred_held[u], kl_h[u]) for u in range(2 * L)])),
         "spearman_proxy_vs_kl_within_unit_mean": float(np.mean([spearman(proxy_h[u], kl_h[u]) for u in range(2 * L)])),
-        "ridge_lambda_rel": chosen,
         **map_report,
-        "train_seconds": round(time.perf_counter() - t0, 1),
     }
+    deep_weight = deep_bias = deep_from = None
+    if deep_prompts:
+        t1 = time.perf_counter()
+        deep_seq = _continuations(w, encode, eos_id, deep_prompts, continuation_tokens, kernel, say,
+                                  known=dict(zip(prompts, sequences)))
+        deep_weight, deep_bias, _, _, deep_report = _fit_ridges(w, deep_seq, maps, progress, labels)
+        deep_from = DEEP_FROM
+        report["deep"] = {**deep_report, "from_scale": DEEP_FROM, "train_seconds": round(time.perf_counter() - t1, 1)}
+    report["train_seconds"] = round(time.perf_counter() - t0, 1)
     say(f"unit predictor: done in {report['train_seconds']} s")
     return UnitPredictor(weights_sha256, weight, bias, impact, samples.block_influence, report,
-                         PREDICTOR_VERSION, down, up, use)
+                         PREDICTOR_VERSION, down, up, use, deep_weight, deep_bias, deep_from)

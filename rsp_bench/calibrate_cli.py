@@ -82,7 +82,8 @@ def calibrate_scale(engine, args: argparse.Namespace) -> None:
     import reference_engine
     from reference_engine import sensitivity_scale as ss
 
-    bar = None if args.quiet else tqdm(total=len(ss.FIT_GRID), desc="sensitivity scale", file=sys.stderr)
+    steps = len(ss.fit_grid(engine.unit_predictor().deep_from))
+    bar = None if args.quiet else tqdm(total=steps, desc="sensitivity scale", file=sys.stderr)
     scale = engine.sensitivity_scale(progress=(lambda m: bar.update(1)) if bar else None, force=args.force)
     if bar is not None:
         bar.close()

@@ -100,7 +100,7 @@ def main() -> int:
             print(f"[{time.perf_counter() - t0:.0f} s] {msg}", file=sys.stderr, flush=True)
 
     pred = up.train(engine.weights, engine.encode, engine.eos_id, engine.weights_sha256, progress, prompts=prompts,
-                    kernel=engine.decode_kernel, labels=args.labels)
+                    kernel=engine.decode_kernel, labels=args.labels, deep_prompts=())  # a candidate: one ridge per unit
     path = up.save(pred, args.out)
     rep = pred.report
     print(f"{path}: {len(prompts)} prompts, {args.labels} labels, {args.maps} maps, held-out within-unit Spearman "

@@ -24,7 +24,7 @@ def unit_engine(tiny_engine):
 
     # a few short prompts keep the tiny model's training fast; the engine caches the result
     pred = up.train(tiny_engine.weights, tiny_engine.encode, tiny_engine.eos_id, tiny_engine.weights_sha256,
-                    prompts=up.TRAIN_PROMPTS[:6], continuation_tokens=10)
+                    prompts=up.TRAIN_PROMPTS[:6], continuation_tokens=10, deep_prompts=up.TRAIN_PROMPTS[:8])
     tiny_engine._unit_predictor = pred
     # these tests read the router's own threshold scale; the user scale is tested on its own below
     with tiny_engine.raw_unit_scale():
@@ -69,6 +69,24 @@ def test_a_user_scale_request_steers_to_the_share_asked_and_a_raw_one_does_not(u
     assert made[0].target_bytes == 0.0 and not made[0].ctl.any()
     assert made[1].target_bytes == pytest.approx(0.1 * decode_bytes_per_token(unit_engine))
     assert raw.stats["unit_share_steer"] is None and user.stats["unit_share_steer"] == float(made[1].ctl[0])
+
+
+def test_a_request_from_the_deep_scale_on_is_scored_by_the_deep_ridges(unit_engine, monkeypatch):
+    """Predictor version 4: the router built for a request whose threshold scale starts at the
+    predictor's deep_from or above carries the deep ridges, one below it the shallow ones, and the
+    request's stats say which; the block router reports none."""
+    pred = unit_engine.unit_predictor()
+    assert pred.deep_weight is not None and not np.allclose(pred.deep_weight, pred.weight)
+    made = []
+    make = type(unit_engine)._make_unit_router
+    monkeypatch.setattr(type(unit_engine), "_make_unit_router",
+                        lambda self, *a, **k: made.append(make(self, *a, **k)) or made[-1])
+    below = _gen(unit_engine, sensitivity=pred.deep_from * 0.9)
+    above = _gen(unit_engine, sensitivity=pred.deep_from)
+    assert below.stats["unit_ridges"] == "shallow" and above.stats["unit_ridges"] == "deep"
+    assert np.array_equal(made[0].gate.weight.numpy(), pred.weight)
+    assert np.array_equal(made[1].gate.weight.numpy(), pred.deep_weight)
+    assert _gen(unit_engine, router="block").stats["unit_ridges"] is None
 
 
 def test_the_share_controller_moves_the_threshold_by_the_bytes_missed(tiny_engine):
@@ -195,9 +213,9 @@ def test_sequence_labels_train_a_predictor_of_the_same_form(tiny_engine):
     from reference_engine import unit_predictor as up
 
     args = (tiny_engine.weights, tiny_engine.encode, tiny_engine.eos_id, tiny_engine.weights_sha256)
-    pred = up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="sequence")
+    pred = up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="sequence", deep_prompts=())
     L = tiny_engine.dims.n_layers
     assert pred.weight.shape == (2 * L, tiny_engine.dims.hidden) and pred.report["labels"] == "sequence"
     assert np.isfinite(pred.weight).all() and (pred.impact >= 0).all()
     with pytest.raises(ValueError, match="labels"):
-        up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="tokens")
+        up.train(*args, prompts=up.TRAIN_PROMPTS[:4], continuation_tokens=6, labels="tokens", deep_prompts=())

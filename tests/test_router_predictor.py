@@ -50,12 +50,14 @@ def test_training_and_curve_prompts_are_not_in_the_fixtures() -> None:
 
 
 def test_packaged_training_text_is_frozen_and_no_curve_prompt() -> None:
-    """Version 3 trains on TRAIN_PROMPTS and the 116 frozen plain English requests (they come from
-    the degradation splits' plain_en groups, so they are in fixtures/, but never in a router-curve
-    file, the curve's tune or built-in prompts, or twice)."""
+    """The shallow ridges train on TRAIN_PROMPTS and the 116 frozen plain English requests, the deep
+    ones on those and 120 more (they come from the degradation splits' plain_en groups, so they are
+    in fixtures/, but never in a router-curve file, the curve's tune or built-in prompts, or twice)."""
     from rsp_bench import router_curve_measure as curve
-    prompts = up.training_prompts()
-    assert prompts[: len(up.TRAIN_PROMPTS)] == up.TRAIN_PROMPTS and len(prompts) == len(up.TRAIN_PROMPTS) + 116
+    shallow = up.training_prompts()
+    prompts = up.deep_training_prompts()
+    assert shallow[: len(up.TRAIN_PROMPTS)] == up.TRAIN_PROMPTS and len(shallow) == len(up.TRAIN_PROMPTS) + 116
+    assert prompts[: len(shallow)] == shallow and len(prompts) == len(shallow) + 120
     assert len(set(prompts)) == len(prompts)
     curve_text = "\n".join(f.read_text(encoding="utf-8") for f in (ROOT / "fixtures" / "router_curve").glob("*.jsonl"))
     for p in prompts:
@@ -76,6 +78,35 @@ def test_ridge_recovers_a_linear_target() -> None:
     y = x @ w + 0.5
     wv, b = up.fit_ridge(x, y, 1e-6)
     assert np.allclose(wv, w, atol=1e-3) and b == pytest.approx(0.5, abs=1e-3)
+
+
+def test_the_deep_ridges_score_from_their_scale_on_and_survive_a_round_trip(tmp_path) -> None:
+    """Version 4: a request whose threshold scale starts at ``deep_from`` or above scores with the
+    deep ridges, one below it with the shallow ones; a predictor without deep ridges uses its one
+    ridge at every scale."""
+    w, b = np.ones((4, 3), np.float32), np.zeros(4, np.float32)
+    dw, db = 2 * w, np.full(4, -1.0, np.float32)
+    p = up.UnitPredictor("ab" * 32, w, b, np.arange(4.0), np.linspace(0, 1, 4), {}, up.PREDICTOR_VERSION,
+                         deep_weight=dw, deep_bias=db, deep_from=0.05)
+    assert p.ridges_for(0.0499)[0] is w and p.ridges_for(0.05)[0] is dw and p.ridges_for(0.3)[1] is db
+    q = up.load(up.save(p, tmp_path).parent.parent, "ab" * 32)
+    assert q is not None and q.deep_from == 0.05 and np.array_equal(q.deep_weight, dw) and np.array_equal(q.deep_bias, db)
+    plain = up.UnitPredictor("ab" * 32, w, b, np.arange(4.0), np.linspace(0, 1, 4), {})
+    assert plain.ridges_for(10.0)[0] is w
+
+
+def test_the_packaged_predictor_holds_deep_ridges_that_differ_from_the_shallow_ones() -> None:
+    from pathlib import Path
+
+    import reference_engine
+
+    folder = Path(reference_engine.__file__).resolve().parent / "data"
+    files = list((folder / "unit_predictor").glob(f"*-v{up.PREDICTOR_VERSION}.npz"))
+    assert files, f"no packaged version-{up.PREDICTOR_VERSION} unit predictor"
+    for f in files:
+        with np.load(f) as z:
+            assert z["deep_weight"].shape == z["weight"].shape and float(z["deep_from"]) == up.DEEP_FROM
+            assert not np.allclose(z["deep_weight"], z["weight"])
 
 
 def test_save_load_round_trip_and_damage(tmp_path) -> None:
