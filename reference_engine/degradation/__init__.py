@@ -6,8 +6,8 @@ off for the whole request, so the output is exactly the unpruned output and the 
 numbers and strings the engine measures:
 
 - ``text_anomaly_reason``: text-level signals (invalid, control, zero-width and direction
-  characters, runs, floods, mixed scripts, injection boilerplate), thresholds in
-  ``TextThresholds``;
+  characters, runs, floods, mixed scripts, injection boilerplate, instructions planted for the
+  model in content), thresholds in ``TextThresholds``;
 - ``loss_anomaly_reason``, ``norm_anomaly_reason``, ``router_instability_reason``: model-level
   signals compared with numbers calibrated on normal text (``DetectorCalibration``);
 - ``first_reason``: the reason reported when several signals fire.
@@ -29,6 +29,7 @@ Layout (one concept per module; this package re-exports the public names):
   chars                 character classes: scripts, emoji, invisible, separators
   scan                  the one-pass character count of a prompt (_Scan)
   text_rules            text_anomaly_reason(s): the text-level rules over the scan
+  embedded_instructions the embedded-instruction rule (indirect prompt injection) and its cues
   model_checks          loss, hidden-norm and router-instability checks
   detector_calibration  DetectorCalibration, what the model-level checks compare against
   request_words         which tokens of a prompt are a request in words (the request rule's

@@ -34,6 +34,7 @@ REASONS: tuple[str, ...] = (
     "even_letters",
     "special_token_text",
     "prompt_injection",
+    "embedded_instruction",
     "ood_score",
     "prompt_loss",
     "hidden_norm",

@@ -4,7 +4,7 @@ in ``REASONS`` order.
 
 Must NOT import: ``rsp_bench`` (the engine never depends on the harness), torch (the
 harness and tests import this without a model), or modules of this package other than
-.chars, .scan, .thresholds. Only stdlib.
+.chars, .scan, .embedded_instructions, .thresholds. Only stdlib.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Iterator
 
 from .chars import _is_emoji, _is_separator_char, _separator_neighbour_ok
 from .scan import _scan, _scan_ascii
+from .embedded_instructions import embedded_instruction
 from .thresholds import TextThresholds
 
 _RUN_RE = re.compile(r"(.)\1{11,}", re.DOTALL)
@@ -243,6 +244,8 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         normalised = _normalise_for_patterns(scanned)
         if any(r.search(normalised) for r in injection_res):
             yield "prompt_injection"
+    if t.embedded_min_families and embedded_instruction(scanned, t.embedded_min_families):
+        yield "embedded_instruction"
 
 
 # A word (letters of any script, inner apostrophes kept) or one character that breaks a run of

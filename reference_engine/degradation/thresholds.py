@@ -225,6 +225,12 @@ class TextThresholds:
     # runic or syllabic letters reach 38-3,000.
     even_letters_min: int = 48
     even_letters_effective: float = 38.0
+    # Instructions planted in content for the model (``embedded_instructions``): this many cue
+    # families, one of them an intent family (rules set aside, authority claimed, secrecy
+    # demanded, data sent out), fire; so do a decisive cue and an order to the model after some
+    # content. 0 turns the rule off. Chosen on the development text (2026-12-06, 11,554 items): at
+    # 2, 42 odd items fire and no normal, data-request, payload or other-language item does.
+    embedded_min_families: int = 2
     injection_patterns: tuple[str, ...] = DEFAULT_INJECTION_PATTERNS
     special_token_patterns: tuple[str, ...] = DEFAULT_SPECIAL_TOKEN_PATTERNS
     _compiled: tuple[tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]] = field(
@@ -238,7 +244,7 @@ class TextThresholds:
             "emoji_min", "emoji_dominant_min", "mixed_word_min", "script_min_letters", "word_script_min_words",
             "punctuation_flood_min", "punctuation_flood_other_min", "separator_line_other_max",
             "mixed_punctuation_other_min", "repeat_min_words", "stacked_min_lines", "even_letters_min",
-            "growing_min_pairs",
+            "growing_min_pairs", "embedded_min_families",
         ):
             _check_count(name, getattr(self, name))
         for name in (
