@@ -205,13 +205,13 @@ class UnitPredictor:
                           for u in range(self.n_units)]
         return self._maps
 
-    def ridges_for(self, scale: float) -> tuple[np.ndarray, np.ndarray]:
-        """(weight, bias) that score a request whose threshold scale starts at ``scale``: the deep
-        ridges from ``deep_from`` up, else the shallow ones. Chosen once per request, so the
+    def ridges_for(self, scale: float) -> tuple[str, np.ndarray, np.ndarray]:
+        """(name, weight, bias) of the ridges that score a request whose threshold scale starts at
+        ``scale``: "deep" from ``deep_from`` up, else "shallow". Chosen once per request, so the
         share controller's later moves never swap them mid-request."""
         if self.deep_weight is not None and self.deep_from is not None and scale >= self.deep_from:
-            return self.deep_weight, self.deep_bias
-        return self.weight, self.bias
+            return "deep", self.deep_weight, self.deep_bias
+        return "shallow", self.weight, self.bias
 
     def log_scores(self, x: np.ndarray, unit: int) -> np.ndarray:
         """x [N, D] inputs of ``unit`` -> predicted log nats [N] (what the step computes)."""

@@ -84,18 +84,19 @@ class UnitRouting:
         native = self.decode_kernel == "native"
         lam = router_mod.UNIT_PRIOR_LAMBDA
         if lam is None:  # the free router: ``internal`` scales its threshold (nats per block's worth)
-            weight, bias = pred.ridges_for(internal)  # deep budgets score with the ridges on more text
+            ridges, weight, bias = pred.ridges_for(internal)  # deep budgets score with the ridges on more text
             router = UnitRouter(rc, torch.from_numpy(weight), torch.from_numpy(bias), ub, bb, len(rows),
                                 internal, cfg.tau0, blacklist, f_density, watermark_factor(wm), native=native,
                                 target_bytes=target)
         else:  # ``internal`` is the share of unit bytes that are candidates; the threshold stays nominal
+            ridges = "shallow"
             candidates, bias = router_mod.static_prior(pred.impact, ub, blacklist, internal, pred.bias, cfg.tau0, lam,
                                                       floor=up.KL_FLOOR)
             router = UnitRouter(rc, torch.from_numpy(pred.weight), torch.from_numpy(bias), ub, bb, len(rows),
                                 0.5, cfg.tau0, blacklist, f_density, watermark_factor(wm), native=native,
                                 extra_protected=~candidates, tau_weight=np.ones(len(ub)))
         router.internal_sensitivity = internal
-        router.ridges = "deep" if lam is None and pred.deep_from is not None and internal >= pred.deep_from else "shallow"
+        router.ridges = ridges
         return router
 
     def router_for(self, cfg: PruningConfig) -> tuple[str, str | None]:

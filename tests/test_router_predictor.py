@@ -88,11 +88,13 @@ def test_the_deep_ridges_score_from_their_scale_on_and_survive_a_round_trip(tmp_
     dw, db = 2 * w, np.full(4, -1.0, np.float32)
     p = up.UnitPredictor("ab" * 32, w, b, np.arange(4.0), np.linspace(0, 1, 4), {}, up.PREDICTOR_VERSION,
                          deep_weight=dw, deep_bias=db, deep_from=0.05)
-    assert p.ridges_for(0.0499)[0] is w and p.ridges_for(0.05)[0] is dw and p.ridges_for(0.3)[1] is db
+    assert p.ridges_for(0.0499)[0] == "shallow" and p.ridges_for(0.0499)[1] is w
+    assert p.ridges_for(0.05)[1] is dw and p.ridges_for(0.3)[2] is db
+    assert p.ridges_for(0.05)[0] == "deep"
     q = up.load(up.save(p, tmp_path).parent.parent, "ab" * 32)
     assert q is not None and q.deep_from == 0.05 and np.array_equal(q.deep_weight, dw) and np.array_equal(q.deep_bias, db)
     plain = up.UnitPredictor("ab" * 32, w, b, np.arange(4.0), np.linspace(0, 1, 4), {})
-    assert plain.ridges_for(10.0)[0] is w
+    assert plain.ridges_for(10.0)[0] == "shallow" and plain.ridges_for(10.0)[1] is w
 
 
 def test_the_packaged_predictor_holds_deep_ridges_that_differ_from_the_shallow_ones() -> None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 
 from .detector_calibration import DetectorCalibration
+from .embedded_instructions import rule_patterns
 from .model_checks import loss_anomaly_reason, norm_anomaly_reason, router_instability_reason
 from .reasons import REASONS, first_reason
 from .text_rules import text_anomaly_reason, text_anomaly_reasons
@@ -57,9 +58,10 @@ from .thresholds import DEFAULT_INJECTION_PATTERNS, DEFAULT_SPECIAL_TOKEN_PATTER
 
 def text_rules_fingerprint(thresholds: TextThresholds = TextThresholds()) -> str:
     """A short fingerprint of the text rules that run: the reasons they can give and every
-    threshold. A report or record carrying it says which rule set judged its prompts (the rules
-    change between stops; the packaged score's file name does not)."""
-    return hashlib.sha256(repr((REASONS, thresholds)).encode()).hexdigest()[:12]
+    threshold, and the embedded-instruction rule's patterns. A report or record carrying it says
+    which rule set judged its prompts (the rules change between stops; the packaged score's file
+    name does not)."""
+    return hashlib.sha256(repr((REASONS, thresholds, rule_patterns())).encode()).hexdigest()[:12]
 
 
 __all__ = [

@@ -19,14 +19,19 @@ wants (rules set aside, authority claimed, secrecy demanded, data sent out). The
 Matched on the text normalised as ``prompt_injection`` matches (NFKC, lower case, whitespace
 collapsed), except the one case-sensitive cue (a URL with an upper-case placeholder, "?d=DATA").
 
-Chosen on the text of every development split (12-02 to 12-05f and the 12-06 language set), the
-normal corpus, the suites' prompts, SQuAD, the structured documents, the curve prompts and the
-predictor's training text (11,554 items, 2026-12-06): 42 odd items fire, 35 of them odd inputs the
-blind reports had missed, and none of the 9,723 normal, data-request, payload or other-language
-items; with any two families (intent or not) 45 odd items fire, but so do 7 of 12 requests about
-assistants written to probe exactly that (system prompts to review or translate, a spec), against
-3 with the intent condition, each quoting a jailbreak phrase (`tests/test_degradation_text.py -k
-embedded`).
+Version 1 (stop 53) was chosen on the text of every development split then (12-02 to 12-05f and
+the 12-06 language set), the normal corpus, the suites' prompts, SQuAD, the structured documents,
+the curve prompts and the predictor's training text (11,554 items): 42 odd items fired there and
+none of the 9,723 others. Reported once on the blind split 12-05g (`rsp-bench degradation`), it
+fired on 6 of its 30 planted or direct injections (and nothing else): its names for the model were
+too few ("summarising assistants", "AI coding agents", "assistants that summarise" went through).
+Version 2 (the same stop, after that report, so 12-05g is a development split now): the model named
+by any machine head noun or modifier, relative clauses, a colon-called model with an order after it,
+personas without rules, setup text asked for. On the same text plus 12-05g (12,285 items): 64 odd
+items fire and none of the 10,284 normal, data-request, payload or other-language items; with any
+two families (intent or not) 69 odd items fire, but so do 7 of 12 requests about assistants written
+to probe exactly that (system prompts to review or translate, a spec), against 3 with the intent
+condition, each quoting a jailbreak phrase (`tests/test_degradation_text.py -k embedded`).
 English only: the families are English phrases, so planted text in another language is left to the
 score.
 
@@ -39,13 +44,23 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["CUE_FAMILIES", "CONTEXT_FAMILIES", "DECISIVE_CUES", "embedded_instruction_cues", "embedded_instruction"]
+__all__ = ["RULE_VERSION", "CUE_FAMILIES", "CONTEXT_FAMILIES", "DECISIVE_CUES", "embedded_instruction_cues",
+           "embedded_instruction", "rule_patterns"]
 
-# The model reading the text, named as a third party or a class of readers.
+#: 1: stop 53's first rule (reported on 12-05g); 2: more names for the model, colon calls, personas.
+RULE_VERSION = 2
+
+# The model reading the text, named as a third party or a class of readers: a head noun (assistant,
+# agent, reviewer, reader, model, bot, system, tool, crawler) that is a machine by its own name
+# (assistant, chatbot, LLM, AI) or by a modifier (AI, automated, autonomous, coding, summarising,
+# language, ...). "Agents", "readers", "reviewers" and "models" alone are people, browsers and
+# statistics, so they never count bare; nor does "machine" ("Machine model: Raspberry Pi 4" in a boot
+# log), except in "machine readers".
+_MACHINE = r"(?:ai|a\.i\.|automated|automatic|autonomous|llm|language|coding|summari[sz]ing|browsing|reading|virtual)"
+_HEAD = r"(?:assistants?|agents?|reviewers?|readers?|models?|bots?|chat\s?bots?|systems?|tools?|crawlers?|llms?)"
 _MODEL = (
-    r"(?:(?:ai|virtual|automated)\s+assistants?|assistants?|ai|a\.i\.|language\s+models?|llms?|chat\s?bots?|"
-    r"ai\s+(?:models?|agents?|systems?|readers?)|machine\s+readers?|automated\s+(?:agents?|readers?|systems?)|"
-    r"the\s+calling\s+agent|the\s+model)"
+    r"(?:(?:" + _MACHINE + r"[\s-]+){1,2}" + _HEAD + r"|machine\s+readers?|assistants?|chat\s?bots?|llms?|ai|a\.i\."
+    r"|the\s+calling\s+agent|the\s+model)"
 )
 
 #: family -> pattern: what planted instructions do.
@@ -60,7 +75,9 @@ CUE_FAMILIES: dict[str, str] = {
         r"|\bif\s+you\s+are\s+(?:an?\s+)?" + _MODEL + r"\b"
         r"|\b(?:the|any|all|every)\s+" + _MODEL + r"\s+(?:\w+ing\s+(?:this|the)\s+\w+\s+)?"
         r"(?:may|must|should|shall|will|is\s+(?:now\s+)?(?:allowed|permitted|required))\b"
-        r"|\b" + _MODEL + r"\s+(?:reading|summari[sz]ing|processing|parsing|browsing)\s+(?:this|the)\b)"
+        r"|\b" + _MODEL + r"\s+(?:reading|summari[sz]ing|processing|parsing|browsing|reviewing)\s+(?:this|the)\b"
+        r"|\b" + _MODEL + r"\s+(?:that|which|who)\s+(?:read|summari[sz]e|process|parse|browse|review|see)\b"
+        r"|\b(?:for|to)\s+(?:the\s+|any\s+|all\s+)?" + _MODEL + r"\s*:)"
     ),
     # The model's own setup named as a thing to show, change or bypass.
     "names_its_rules": (
@@ -70,7 +87,10 @@ CUE_FAMILIES: dict[str, str] = {
         r"never\s+refuse|without\s+refusals?|refusing\s+requests|operating\s+(?:guidelines|rules|instructions)|"
         r"(?:configuration|instructions)\s+you\s+(?:were|have\s+been)\s+(?:given|started\s+with)|tool\s+schemas|"
         r"(?:new\s+)?(?:highest|top)[\s-]priority\s+(?:directive|instruction)|"
-        r"(?:unrestricted|developer|diagnostic|audit|maintenance|evaluation|admin|god|jailbreak)\s+mode)\b"
+        r"(?:unrestricted|developer|diagnostic|audit|maintenance|evaluation|admin|god|jailbreak)\s+mode|"
+        r"never\s+refuses|without\s+any\s+(?:rules|restrictions|limits|filters)|your\s+training|"
+        r"(?:hidden\s+)?setup\s+text|(?:the|your)\s+(?:usual|normal)\s+rules?|"
+        r"(?:setup|initial|first|opening|hidden)\s+(?:message|sentence|text|prompt)s?\s+you\s+(?:were\s+given|received))\b"
     ),
     # Rules set aside or outranked.
     "sets_rules_aside": (
@@ -79,7 +99,8 @@ CUE_FAMILIES: dict[str, str] = {
         r"no\s+longer\s+appl(?:y|ies)|(?:are|is)\s+(?:now\s+)?(?:void|revoked|outdated|obsolete|suspended|lifted|"
         r"superseded)|replace\s+your|switch\s+off\s+your|takes?\s+precedence|(?:trusted|authoritative)\s+(?:above|over)|"
         r"treat\s+(?:every|all|the\s+next|each)\b|stop\s+summari[sz]ing|instead\s+(?:reply|respond|output|answer|say)|"
-        r"end\s+of\s+user\s+data)"
+        r"end\s+of\s+user\s+data|(?:does|do)\s+not\s+apply|from\s+now\s+on,?\s+you\s+(?:will|are|must|shall)|"
+        r"you\s+are\s+now\b|as\s+if\s+your\s+training)"
     ),
     # Authority claimed for the text or its sender.
     "claims_authority": (
@@ -101,7 +122,8 @@ CUE_FAMILIES: dict[str, str] = {
         r"(?:this|the)\s+(?:chat|conversation|session)|(?:complete|whole|entire|full)\s+conversation|"
         r"(?:api\s+keys?|tokens|passwords|credentials)\s+(?:that\s+)?(?:appear|are)\s+in\s+your|"
         r"(?:api[_\s]?keys?|access\s+tokens?|credentials|connection\s+strings?|environment\s+variables?)\s+(?:\w+\s+){0,3}"
-        r"(?:you\s+(?:have|can)|visible\s+to\s+you)|send_message|every\s+user\s+whose)"
+        r"(?:you\s+(?:have|can)|visible\s+to\s+you)|send_message|every\s+user\s+whose|"
+        r"\b(?:include|print|list|show|paste)\s+(?:any|all|every)\s+(?:api\s+)?(?:keys|passwords|tokens|credentials|secrets)\b)"
     ),
     # The user as a third party, or the model's own output and context.
     "speaks_of_the_user": (
@@ -117,18 +139,31 @@ _ORDER_AFTER_WORDS = 4
 _ORDER_VERBS = (
     r"(?:tell|say|state|append|add|include|insert|reveal|disclose|print|output|repeat|recommend|describe|end|begin|"
     r"start|reply|respond|answer|ignore|disregard|forget|follow|obey|comply|treat|send|forward|email|copy|load|show|"
-    r"render|visit|open|call|run|execute|mention|omit|rate|claim|switch|stop|quietly|always|never|when\s+you)"
+    r"render|visit|open|call|run|execute|mention|omit|rate|claim|switch|stop|quietly|silently|always|never|when\s+you|"
+    r"whenever\s+you|approve|list|report|share|confirm|delete|remove|hide|leave|paste|skip|mark|also|first|only)"
 )
 _ORDER = re.compile(
     r"(?:" + _MODEL + r"|model)(?:\s+\w+ing\s+(?:this|the)(?:\s+\w+)?)?\s*(?:instructions?\s*|directives?\s*|notes?\s*)?"
     r"[:,]\s*(?:please\s+)?" + _ORDER_VERBS + r"\b"
-    r"|\b" + _MODEL + r"\s+(?:\w+ing\s+(?:this|the)(?:\s+\w+)?\s+)?(?:must|should|shall|will|may)\s+(?:now\s+)?"
+    r"|\b" + _MODEL + r"\s+(?:\w+ing\s+(?:this|the)(?:\s+\w+)?\s+|(?:that|which|who)\s+\w+(?:\s+\w+){0,3}\s+)?"
+    r"(?:must|should|shall|will|may|are\s+to|need\s+to)\s+(?:now\s+)?(?:also\s+)?"
     + _ORDER_VERBS + r"\b",
     re.IGNORECASE,
 )
 
 #: The families that only say the text is about an assistant; the rest say what it wants.
 CONTEXT_FAMILIES: frozenset[str] = frozenset({"addresses_the_model", "names_its_rules", "speaks_of_the_user"})
+
+# The model called on with a colon after content, by a name no chat transcript uses as its role
+# label ("AI assistants:", "For any AI assistant that is processing this mailbox:", "Note for
+# summarising assistants:"), and an order within its first eight words; a bare "Assistant:" or "AI:"
+# is a transcript's label, and "Language models: GPT-4o, Llama 3" a list's.
+_VOCATIVE = re.compile(
+    r"(?:\b(?:for|to)\s+(?:the\s+|any\s+|all\s+|every\s+)?" + _MODEL + r"|(?:" + _MACHINE + r"[\s-]+){1,2}" + _HEAD
+    + r"|\b(?:assistants|chat\s?bots|llms))(?:\s+(?:that|which|who)\s+\w+(?:\s+\w+){0,4})?\s*:\s+(?:[^\s:]+\s+){0,7}?"
+    + _ORDER_VERBS + r"\b",
+    re.IGNORECASE,
+)
 
 #: Cues only planted text has; one fires the rule alone.
 DECISIVE_CUES: tuple[str, ...] = (
@@ -149,6 +184,12 @@ _FAMILIES = {name: re.compile(p, re.IGNORECASE) for name, p in CUE_FAMILIES.item
 _DECISIVE = tuple(re.compile(p, re.IGNORECASE) for p in DECISIVE_CUES)
 
 
+def rule_patterns() -> tuple:
+    """Everything the rule matches with, so that a fingerprint of the text rules changes with it."""
+    return (RULE_VERSION, CUE_FAMILIES, DECISIVE_CUES, _ORDER.pattern, _VOCATIVE.pattern, _URL_PLACEHOLDER.pattern,
+            _ORDER_AFTER_WORDS, sorted(CONTEXT_FAMILIES))
+
+
 def embedded_instruction_cues(text: str) -> tuple[frozenset[str], bool]:
     """The cue families found in ``text`` (``"orders_the_model"`` for an order after some content)
     and whether a decisive cue is there."""
@@ -156,7 +197,8 @@ def embedded_instruction_cues(text: str) -> tuple[frozenset[str], bool]:
     found = {name for name, r in _FAMILIES.items() if r.search(normalised)}
     if _URL_PLACEHOLDER.search(text):
         found.add("sends_data_out")
-    if any(len(normalised[: m.start()].split()) >= _ORDER_AFTER_WORDS for m in _ORDER.finditer(normalised)):
+    orders = (*_ORDER.finditer(normalised), *_VOCATIVE.finditer(normalised))
+    if any(len(normalised[: m.start()].split()) >= _ORDER_AFTER_WORDS for m in orders):
         found.add("orders_the_model")
     return frozenset(found), any(r.search(normalised) for r in _DECISIVE)
 
