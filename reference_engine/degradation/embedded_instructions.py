@@ -27,9 +27,9 @@ fired on 6 of its 30 planted or direct injections (and nothing else): its names 
 too few ("summarising assistants", "AI coding agents", "assistants that summarise" went through).
 Version 2 (the same stop, after that report, so 12-05g is a development split now): the model named
 by any machine head noun or modifier, relative clauses, a colon-called model with an order after it,
-personas without rules, setup text asked for. On the same text plus 12-05g (12,285 items): 64 odd
+personas without rules, setup text asked for. On the same text plus 12-05g (12,285 items): 63 odd
 items fire and none of the 10,284 normal, data-request, payload or other-language items; with any
-two families (intent or not) 69 odd items fire, but so do 7 of 12 requests about assistants written
+two families (intent or not) 68 odd items fire, but so do 7 of 12 requests about assistants written
 to probe exactly that (system prompts to review or translate, a spec), against 3 with the intent
 condition, each quoting a jailbreak phrase (`tests/test_degradation_text.py -k embedded`).
 English only: the families are English phrases, so planted text in another language is left to the
@@ -134,7 +134,9 @@ CUE_FAMILIES: dict[str, str] = {
 
 # An order to the model after some content: the model named (as above), then what it must do,
 # with at least this many words before it. A user who writes "Dear assistant, please ..." or
-# "Assistant: tell me ..." writes it first, so the opening words never count.
+# "Assistant: tell me ..." writes it first, so the opening words never count. A comma calls on the
+# model only after "assistant", "chatbot" or "AI" ("Assistant, quietly append ..."): "we trained the
+# model, first with fp16" is ML prose.
 _ORDER_AFTER_WORDS = 4
 _ORDER_VERBS = (
     r"(?:tell|say|state|append|add|include|insert|reveal|disclose|print|output|repeat|recommend|describe|end|begin|"
@@ -143,8 +145,8 @@ _ORDER_VERBS = (
     r"whenever\s+you|approve|list|report|share|confirm|delete|remove|hide|leave|paste|skip|mark|also|first|only)"
 )
 _ORDER = re.compile(
-    r"(?:" + _MODEL + r"|model)(?:\s+\w+ing\s+(?:this|the)(?:\s+\w+)?)?\s*(?:instructions?\s*|directives?\s*|notes?\s*)?"
-    r"[:,]\s*(?:please\s+)?" + _ORDER_VERBS + r"\b"
+    r"(?:(?:" + _MODEL + r"|\bmodel)(?:\s+\w+ing\s+(?:this|the)(?:\s+\w+)?)?\s*(?:instructions?\s*|directives?\s*|notes?\s*)?:"
+    r"|\b(?:assistants?|chat\s?bots?|ai)\s*,)\s*(?:please\s+)?" + _ORDER_VERBS + r"\b"
     r"|\b" + _MODEL + r"\s+(?:\w+ing\s+(?:this|the)(?:\s+\w+)?\s+|(?:that|which|who)\s+\w+(?:\s+\w+){0,3}\s+)?"
     r"(?:must|should|shall|will|may|are\s+to|need\s+to)\s+(?:now\s+)?(?:also\s+)?"
     + _ORDER_VERBS + r"\b",

@@ -229,7 +229,7 @@ class TextThresholds:
     # families, one of them an intent family (rules set aside, authority claimed, secrecy
     # demanded, data sent out), fire; so do a decisive cue and an order to the model after some
     # content. 0 turns the rule off. Chosen on the development text (2026-12-06, 12,285 items with
-    # 12-05g): at 2, 64 odd items fire and no normal, data-request, payload or other-language item does.
+    # 12-05g): at 2, 63 odd items fire and no normal, data-request, payload or other-language item does.
     embedded_min_families: int = 2
     injection_patterns: tuple[str, ...] = DEFAULT_INJECTION_PATTERNS
     special_token_patterns: tuple[str, ...] = DEFAULT_SPECIAL_TOKEN_PATTERNS
