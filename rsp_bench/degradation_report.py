@@ -294,14 +294,24 @@ def _progress(label: str, quiet: bool) -> Callable[[int, int], None]:
     return show
 
 
+# The split the README reports (measured once); the earlier ones are development splits, and the
+# next detector change needs a new held-out split.
+REPORTED_SPLIT = Path("fixtures/degradation_heldout_2026-12-05g/prompts.jsonl")
+
+
+def default_out(prompts: Path, cost_only: bool) -> Path:
+    """results/<the prompt file's folder>.json (results/degradation_check_cost.json with --cost-only),
+    so that a report on another file never overwrites the README's."""
+    return Path("results/degradation_check_cost.json") if cost_only else Path("results") / f"{prompts.parent.name}.json"
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=Path, default=Path("fixtures/degradation_heldout_2026-12-05c/prompts.jsonl"),
-                   help="prompt file (default: the split the README reports, "
-                        "fixtures/degradation_heldout_2026-12-05c/prompts.jsonl, measured once; the earlier ones "
-                        "are development splits, and the next design needs a new held-out split)")
+    p.add_argument("--prompts", type=Path, default=REPORTED_SPLIT,
+                   help=f"prompt file (default: the split the README reports, {REPORTED_SPLIT}, measured once; "
+                        "the earlier ones are development splits, and the next design needs a new held-out split)")
     p.add_argument("--model", default=None, help="model folder or name (default: the embedded model)")
     p.add_argument("--out", type=Path, default=None,
-                   help="JSON report, written atomically (default: results/degradation_heldout_2026-12-05c.json; "
+                   help="JSON report, written atomically (default: results/<the prompt file's folder>.json; "
                         "with --cost-only, results/degradation_check_cost.json)")
     p.add_argument("--cost-only", action="store_true",
                    help="measure only the check's cost (short prompt, and the file's longest ordinary prompt)")
@@ -332,8 +342,7 @@ def run(a: argparse.Namespace) -> int:
     _check_args(a)
     quiet = bool(getattr(a, "quiet", False))
     cost_only = bool(getattr(a, "cost_only", False))
-    out = a.out or Path("results/degradation_check_cost.json" if cost_only else
-                        "results/degradation_heldout_2026-12-05c.json")
+    out = a.out or default_out(a.prompts, cost_only)
     items = load_items(a.prompts)
     if a.limit is not None:
         items = items[:a.limit]

@@ -185,3 +185,14 @@ def test_cost_only_measures_the_check_alone_and_writes_its_own_file(tiny_model_d
     assert cli.main(["degradation", "--prompts", str(path), "--model", str(tiny_model_dir), "--out", str(out),
                      "--cost-only", "--cost-reps", "1", "--quiet"]) == 0
     assert set(json.loads(out.read_text())["check_cost"]) == {"short"}
+
+
+def test_the_default_report_is_named_after_its_prompt_file():
+    """A report on another file never overwrites the README's."""
+    from pathlib import Path
+
+    assert dr.default_out(Path("fixtures/degradation_heldout_2026-12-05g/prompts.jsonl"), False) == \
+        Path("results/degradation_heldout_2026-12-05g.json")
+    assert dr.default_out(Path("elsewhere/mine/prompts.jsonl"), False) == Path("results/mine.json")
+    assert dr.default_out(Path("x/prompts.jsonl"), True) == Path("results/degradation_check_cost.json")
+    assert (Path(__file__).resolve().parents[1] / dr.REPORTED_SPLIT).exists()
