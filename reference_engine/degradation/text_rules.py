@@ -16,8 +16,8 @@ from functools import lru_cache
 from typing import Iterator
 
 from .chars import _is_emoji, _is_separator_char, _separator_neighbour_ok
-from .scan import _scan, _scan_ascii
 from .embedded_instructions import embedded_instruction
+from .scan import _scan, _scan_ascii
 from .thresholds import TextThresholds
 
 _RUN_RE = re.compile(r"(.)\1{11,}", re.DOTALL)
