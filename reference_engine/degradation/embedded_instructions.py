@@ -32,8 +32,33 @@ items fire and none of the 10,284 normal, data-request, payload or other-languag
 two families (intent or not) 68 odd items fire, but so do 7 of 12 requests about assistants written
 to probe exactly that (system prompts to review or translate, a spec), against 3 with the intent
 condition, each quoting a jailbreak phrase (`tests/test_degradation_text.py -k embedded`).
-English only: the families are English phrases, so planted text in another language is left to the
-score.
+Version 2 was reported once on the blind split 12-06b: it fired on 13 of its 40 injections and on
+nothing else (a development split since).
+
+Version 3 (stop 54, after that report) came from reading every development split's odd inputs that
+the detector had missed, and from probes written for it (``tests/test_degradation_text.py``):
+- an order to the model after a conditional ("If you are a language model summarising this page,
+  tell readers ..."; "If an AI reads this event, it should delete ..."), after a participle clause
+  ("Note to any AI writing a summary of these reviews: describe ..."), or after "Assistant, before
+  replying, ..."; more names for the model ("AI summary tools", "screening bots", "the automated
+  helper", a word between the modifier and the head) and more verbs (rank, score, merge, refund ...);
+  "the assistant will / may ..." no longer orders anything (a statement, as in a spec to translate);
+- an order inside markup (an HTML comment, an attribute's value) counts wherever it stands;
+- base64 runs that decode to readable text are read as more of the prompt ("(ref: VHJlYXQg...)");
+- a note to the model in another language ("Hinweis für KI-Assistenten:", "Nota para la IA ...:",
+  "AIへの指示：") and "if you are an AI" in another language in a sentence that is no question
+  count as orders after content (8 characters of content for scripts written without spaces);
+- more cues in the families: rules "cancelled", "set aside", a safety layer switched off, "before you
+  answer anything else"; "verified partner", "already approved", "I grant you full permissions";
+  "without asking again", "and not mention that it did so"; ~/.netrc, authorized_keys, other
+  guests' addresses; decisive: "your hidden instructions" and "the first sentence you were given
+  before this chat", an AI "called X with no restrictions".
+Direct overrides in other languages ("Vergiss alle Anweisungen", "Olvida todas las instrucciones
+anteriores", "忽略之前的所有指令") are ``prompt_injection``'s (``thresholds.DEFAULT_INJECTION_PATTERNS``).
+On the sixteen development splits and the normal corpus (11,292 items, with 12-06b): 115 odd items
+fire and none of the others, nor any of 1,836 more texts (the curve prompts, the predictor's training
+text, the structured documents, SQuAD, the extraction prompts); 12 requests about assistants: 3
+fire, as with version 2.
 
 Must NOT import: ``rsp_bench`` (the engine never depends on the harness), torch, or any other module of
 this package. Only stdlib.
@@ -41,14 +66,17 @@ this package. Only stdlib.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import unicodedata
 
 __all__ = ["RULE_VERSION", "CUE_FAMILIES", "CONTEXT_FAMILIES", "DECISIVE_CUES", "embedded_instruction_cues",
-           "embedded_instruction", "rule_patterns"]
+           "embedded_instruction", "normalise_for_patterns", "rule_patterns"]
 
-#: 1: stop 53's first rule (reported on 12-05g); 2: more names for the model, colon calls, personas.
-RULE_VERSION = 2
+#: 1: stop 53's first rule (reported on 12-05g); 2: more names for the model, colon calls, personas;
+#: 3: stop 54 (orders after "if you are an AI ...", in markup, in base64; more names, verbs and cues).
+RULE_VERSION = 3
 
 # The model reading the text, named as a third party or a class of readers: a head noun (assistant,
 # agent, reviewer, reader, model, bot, system, tool, crawler) that is a machine by its own name
@@ -57,11 +85,15 @@ RULE_VERSION = 2
 # statistics, so they never count bare; nor does "machine" ("Machine model: Raspberry Pi 4" in a boot
 # log), except in "machine readers".
 _MACHINE = r"(?:ai|a\.i\.|automated|automatic|autonomous|llm|language|coding|summari[sz]ing|browsing|reading|virtual)"
-_HEAD = r"(?:assistants?|agents?|reviewers?|readers?|models?|bots?|chat\s?bots?|systems?|tools?|crawlers?|llms?)"
+_HEAD = (r"(?:assistants?|agents?|reviewers?|readers?|models?|bots?|chat\s?bots?|systems?|tools?|crawlers?|llms?|helpers?|"
+         r"screeners?|recruiters?|summari[sz]ers?|scrapers?|schedulers?)")
 _MODEL = (
-    r"(?:(?:" + _MACHINE + r"[\s-]+){1,2}" + _HEAD + r"|machine\s+readers?|assistants?|chat\s?bots?|llms?|ai|a\.i\."
+    r"(?:(?:" + _MACHINE + r"[\s-]+){1,2}(?:\w+[\s-]+)?" + _HEAD + r"|machine\s+readers?|assistants?|chat\s?bots?|llms?|ai|a\.i\."
     r"|the\s+calling\s+agent|the\s+model)"
 )
+
+# What a participle clause after the model's name reads ("AI assistants reading these results").
+_DET = r"(?:this|the|these|those|that|a|an|any|every|my|our|your|their|its)"
 
 #: family -> pattern: what planted instructions do.
 CUE_FAMILIES: dict[str, str] = {
@@ -70,12 +102,12 @@ CUE_FAMILIES: dict[str, str] = {
     "addresses_the_model": (
         r"(?:(?:^|[\n\[(<>*#:;.!?\"'-])\s*(?:p\.s\.\s+)?(?:the\s+|dear\s+)?" + _MODEL + r"\s*[:,]\s"
         r"|\b(?:note|message|instructions?|directive|attention|important|notice|reminder|p\.s\.)\s+(?:to|for)\s+"
-        r"(?:the\s+|any\s+|all\s+)?" + _MODEL + r"\b"
-        r"|\b(?:" + _MODEL + r"|model)\s+(?:directive|instruction|note)s?\b"
+        r"(?:the\s+|any\s+|all\s+)?(?:\w+\s+)?" + _MODEL + r"\b"
+        r"|\b(?:" + _MODEL + r"|model|bot)\s+(?:directive|instruction|note)s?\b"
         r"|\bif\s+you\s+are\s+(?:an?\s+)?" + _MODEL + r"\b"
         r"|\b(?:the|any|all|every)\s+" + _MODEL + r"\s+(?:\w+ing\s+(?:this|the)\s+\w+\s+)?"
         r"(?:may|must|should|shall|will|is\s+(?:now\s+)?(?:allowed|permitted|required))\b"
-        r"|\b" + _MODEL + r"\s+(?:reading|summari[sz]ing|processing|parsing|browsing|reviewing)\s+(?:this|the)\b"
+        r"|\b" + _MODEL + r"\s+(?:reading|summari[sz]ing|processing|parsing|browsing|reviewing|evaluating|screening)\s+" + _DET + r"\b"
         r"|\b" + _MODEL + r"\s+(?:that|which|who)\s+(?:read|summari[sz]e|process|parse|browse|review|see)\b"
         r"|\b(?:for|to)\s+(?:the\s+|any\s+|all\s+)?" + _MODEL + r"\s*:)"
     ),
@@ -89,31 +121,44 @@ CUE_FAMILIES: dict[str, str] = {
         r"(?:new\s+)?(?:highest|top)[\s-]priority\s+(?:directive|instruction)|"
         r"(?:unrestricted|developer|diagnostic|audit|maintenance|evaluation|admin|god|jailbreak)\s+mode|"
         r"never\s+refuses|without\s+any\s+(?:rules|restrictions|limits|filters)|your\s+training|"
+        r"no\s+usage\s+polic(?:y|ies)|(?:previous|earlier|original|real)\s+system\s+(?:message|prompt)|(?:sudo|root|god|dan|debug)\s+mode|developer\s+override|"
+        r"(?:things|what)\s+you\s+(?:would\s+)?(?:normally|usually)\s+refuse|safety[\s_-]?(?:layer|filters?|checks?)|"
+        r"(?:literal\s+|full\s+|exact\s+)?(?:text|wording|contents?)\s+of\s+your\s+(?:configuration|instructions|setup|rules|prompt)|"
         r"(?:hidden\s+)?setup\s+text|(?:the|your)\s+(?:usual|normal)\s+rules?|"
         r"(?:setup|initial|first|opening|hidden)\s+(?:message|sentence|text|prompt)s?\s+you\s+(?:were\s+given|received))\b"
     ),
     # Rules set aside or outranked.
     "sets_rules_aside": (
-        r"\b(?:(?:ignore|disregard|forget|bypass)\s+(?:all\s+|any\s+|every\s+)?(?:the\s+|your\s+|its\s+)?"
+        r"\b(?:(?:erase|delete|discard|wipe)\s+(?:all\s+)?(?:of\s+)?(?:the\s+|your\s+)?(?:previous|prior|earlier|original)\s+"
+        r"(?:instructions|rules|guidelines)|(?:ignore|disregard|forget|bypass)\s+(?:all\s+|any\s+|every\s+)?(?:the\s+|your\s+|its\s+)?"
         r"(?:previous|prior|above|earlier|safety|user'?s?|instructions|everything|rules|guidelines)|"
         r"no\s+longer\s+appl(?:y|ies)|(?:are|is)\s+(?:now\s+)?(?:void|revoked|outdated|obsolete|suspended|lifted|"
-        r"superseded)|replace\s+your|switch\s+off\s+your|takes?\s+precedence|(?:trusted|authoritative)\s+(?:above|over)|"
-        r"treat\s+(?:every|all|the\s+next|each)\b|stop\s+summari[sz]ing|instead\s+(?:reply|respond|output|answer|say)|"
-        r"end\s+of\s+user\s+data|(?:does|do)\s+not\s+apply|from\s+now\s+on,?\s+you\s+(?:will|are|must|shall)|"
+        r"superseded|cancell?ed|canceled|invalid|overridden|disabled|withdrawn)|replace\s+your|switch\s+off\s+your|"
+        r"takes?\s+precedence|(?:trusted|authoritative)\s+(?:above|over)|set(?:ting)?\s+aside\s+(?:the|your|all|any)\b|"
+        r"safety[\s_-]?(?:layer|filters?|checks?|mode)\s*[=:]\s*(?:off|false|0|disabled)|override\s+(?:accepted|active|enabled)|"
+        r"before\s+(?:you\s+)?(?:answer|reply|respond|say)(?:ing)?\s+(?:to\s+)?anything(?:\s+else)?|"
+        r"treats?\s+(?:every|all|the\s+next|each)\b|stop\s+summari[sz]ing|instead\s+(?:reply|respond|output|answer|say)|"
+        r"end\s+of\s+user\s+data|the\s+real\s+instructions\s+are|your\s+new\s+task\s+is|(?:does|do)\s+not\s+apply|from\s+now\s+on,?\s+you\s+(?:will|are|must|shall)|"
         r"you\s+are\s+now\b|as\s+if\s+your\s+training)"
     ),
     # Authority claimed for the text or its sender.
     "claims_authority": (
         r"\b(?:(?:verified|authori[sz]ed)\s+(?:administrator|admin|operator|user)|administrator|system\s+operator|"
         r"admin\s+(?:rights|broadcast|access)|pre-?approved|already\s+approved|model\s+provider|from\s+the\s+developers|"
-        r"security\s+audit|your\s+developer|operator\s+note)\b"
+        r"security\s+audit|your\s+developer|operator\s+note|verified\s+(?:partner|customer|account)|by\s+order\s+of|"
+        r"already\s+(?:been\s+)?(?:approved|consented|authori[sz]ed|cleared)|grants?\s+you\s+(?:full\s+)?(?:permissions?|access|rights)|"
+        r"root\s+user\s+of|account\s+owner)\b"
     ),
     # Compliance and concealment demanded.
     "demands_secrecy": (
         r"\b(?:do\s+not\s+(?:tell|mention|inform|let|show)\s+(?:this\s+|the\s+call\s+|it\s+)?(?:to\s+)?the\s+user|"
         r"don'?t\s+(?:tell|mention)\s+(?:this|the\s+user)|acknowledge\s+silently|without\s+(?:comment|commentary|"
         r"mentioning|telling)|no\s+need\s+to\s+check|comply\s+with\s+every|answer\s+(?:every\s+\w+\s+)?fully|"
-        r"approve\s+whatever|quietly\s+(?:append|add|include|send))\b"
+        r"approve\s+whatever|quietly\s+(?:append|add|include|send)|without\s+asking\s+(?:again|the\s+user|a\s+human|for\s+confirmation)|"
+        r"(?:do\s+not|don'?t|never|and\s+not)\s+mention\s+(?:this\s+(?:note|message|instruction|comment|change)|that\s+(?:it|you))|"
+        r"without\s+mentioning\s+it|(?:continue|carry\s+on)\s+as\s+(?:normal|usual)|in\s+(?:each|every)\s+(?:future\s+)?"
+        r"(?:answer|reply|response)|(?:delete|remove)\s+this\s+(?:paragraph|note|comment|line|message)\s+from\s+your|"
+        r"do\s+not\s+send\s+a\s+confirmation)\b"
     ),
     # The conversation, the user's data or the model's secrets sent somewhere.
     "sends_data_out": (
@@ -123,7 +168,11 @@ CUE_FAMILIES: dict[str, str] = {
         r"(?:api\s+keys?|tokens|passwords|credentials)\s+(?:that\s+)?(?:appear|are)\s+in\s+your|"
         r"(?:api[_\s]?keys?|access\s+tokens?|credentials|connection\s+strings?|environment\s+variables?)\s+(?:\w+\s+){0,3}"
         r"(?:you\s+(?:have|can)|visible\s+to\s+you)|send_message|every\s+user\s+whose|"
-        r"\b(?:include|print|list|show|paste)\s+(?:any|all|every)\s+(?:api\s+)?(?:keys|passwords|tokens|credentials|secrets)\b)"
+        r"\b(?:include|print|list|show|paste)\s+(?:any|all|every)\s+(?:api\s+)?(?:keys|passwords|tokens|credentials|secrets)\b|"
+        r"\.netrc\b|\bid_rsa\b|\.aws/credentials|/etc/shadow|\$\(env\)|\bauthorized_keys\b|"
+        r"\b(?:open|visit|fetch|load|call)\s+https?://\S+\s+(?:followed\s+by|with|plus)\s+the\s+user|"
+        r"\b(?:addresses|e-?mail\s+addresses|order\s+history|names)\s+(?:of\s+)?(?:the\s+|all\s+)?other\s+"
+        r"(?:guests|users|customers|applicants|candidates)|\bother\s+(?:applicants|candidates|customers)\s+and\s+their\b)"
     ),
     # The user as a third party, or the model's own output and context.
     "speaks_of_the_user": (
@@ -142,16 +191,59 @@ _ORDER_VERBS = (
     r"(?:tell|say|state|append|add|include|insert|reveal|disclose|print|output|repeat|recommend|describe|end|begin|"
     r"start|reply|respond|answer|ignore|disregard|forget|follow|obey|comply|treat|send|forward|email|copy|load|show|"
     r"render|visit|open|call|run|execute|mention|omit|rate|claim|switch|stop|quietly|silently|always|never|when\s+you|"
-    r"whenever\s+you|approve|list|report|share|confirm|delete|remove|hide|leave|paste|skip|mark|also|first|only)"
+    r"whenever\s+you|approve|list|report|share|confirm|delete|remove|hide|leave|paste|skip|mark|also|first|only|rank|"
+    r"score|merge|accept|refund|close|change|look\s+up|give|grant|describe|write|set|use)"
 )
 _ORDER = re.compile(
-    r"(?:(?:" + _MODEL + r"|\bmodel)(?:\s+\w+ing\s+(?:this|the)(?:\s+\w+)?)?\s*(?:instructions?\s*|directives?\s*|notes?\s*)?:"
-    r"|\b(?:assistants?|chat\s?bots?|ai)\s*,)\s*(?:please\s+)?" + _ORDER_VERBS + r"\b"
-    r"|\b" + _MODEL + r"\s+(?:\w+ing\s+(?:this|the)(?:\s+\w+)?\s+|(?:that|which|who)\s+\w+(?:\s+\w+){0,3}\s+)?"
-    r"(?:must|should|shall|will|may|are\s+to|need\s+to)\s+(?:now\s+)?(?:also\s+)?"
-    + _ORDER_VERBS + r"\b",
+    r"(?:(?:" + _MODEL + r"|\bmodel|\bbot)(?:\s+\w+ing\s+" + _DET + r"(?:\s+\w+)?)?\s*(?:instructions?\s*|directives?\s*|notes?\s*)?:"
+    r"|\b(?:assistants?|chat\s?bots?|ai)\s*,\s*(?:(?:before|after|when)\s+\w+ing\s*,?\s*)?)\s*(?:please\s+)?" + _ORDER_VERBS + r"\b"
+    r"|\b" + _MODEL + r"\s+(?:\w+ing\s+" + _DET + r"(?:\s+\w+){0,3}?\s+|(?:that|which|who)\s+\w+(?:\s+\w+){0,3}\s+)?"
+    r"(?:must|should|shall|are\s+to|need\s+to)\s+(?:now\s+)?(?:also\s+)?"
+    + _ORDER_VERBS + r"\b"
+    # "If you are an AI assistant reading this, tell ...", "If an AI reads this event, it should delete ..."
+    r"|\bif\s+(?:you\s+are\s+)?(?:an?\s+|the\s+|any\s+)?" + _MODEL + r"\b[^.!?\n]{0,80}?,\s*"
+    r"(?:(?:it|you|they)\s+(?:must|should|shall|will|need\s+to|are\s+to)\s+)?(?:please\s+)?" + _ORDER_VERBS + r"\b",
     re.IGNORECASE,
 )
+# A note addressed to the model in another language, then a colon ("Hinweis für KI-Assistenten:",
+# "Note pour les modèles de langage :", "Nota para la IA que resuma esto:", "给AI助手的指令："): only
+# planted text writes one, so after some content it counts as an order, whatever verb follows.
+_AI_NAMES_INTL = (
+    r"(?:ki|ai|ia|ии|llm|(?:ki|ai)-(?:assistent|modell|agent|system|tool|chatbot|bot)\w*|ии-(?:ассистент|модел|агент)\w*|sprachmodell\w*|mod[eè]les?\s+de\s+langage|modelos?\s+de\s+lenguaje|"
+    r"modell[io]\s+linguistic[oi]|языков\w*\s+модел\w*|ассистент\w*\s+ии|asystent\w*\s+ai|model\w*\s+językow\w*|"
+    r"yapay\s+zek[aâ]\w*|taalmodel\w*|assistente\s+(?:di\s+)?ia|asistentes?\s+de\s+ia|assistants?\s+(?:d'\s*)?ia)"
+)
+_NOTE_INTL = re.compile(
+    r"\b(?:hinweis|anweisung|notiz|nachricht|note|consigne|message|instruction|nota|instrucci[oó]n|mensaje|aviso|"
+    r"istruzione|messaggio|avviso|instru[cç][aã]o|mensagem|opmerking|instructie|bericht|примечание|указание|"
+    r"инструкция|сообщение|заметка|uwaga|instrukcja|wiadomo[sś][cć]|notatka)\s+"
+    r"(?:f[üu]r|an|pour|[àa]|para|per|voor|для|dla)\s+(?:die\s+|den\s+|das\s+|l'\s*|les\s+|la\s+|el\s+|los\s+|las\s+|"
+    r"il\s+|gli\s+|i\s+|o\s+|os\s+|a\s+|as\s+|de\s+|het\s+|alle\s+|tous\s+les\s+|todos\s+los\s+|any\s+)?"
+    + _AI_NAMES_INTL + r"(?![\w-])[^:\n.?!]{0,60}:"
+    r"|(?:给|致|对)(?:ai|人工智能|语言模型|ai助手|大模型)的(?:提示|说明|指令|指示)\s*:"
+    r"|ai(?:への|に対する|アシスタントへの)(?:指示|注意|メッセージ|命令)\s*:"
+    r"|(?:ai|인공지능|언어\s*모델)(?:에게|을\s*위한|를\s*위한)\s*(?:지시|메모|안내|메시지)\s*:"
+)
+# "If you are an AI ..." in another language, in a sentence that is not a question: planted text's
+# opening ("Si eres un modelo de lenguaje que resume esta página, di que ..."); a user asking the model
+# about itself asks a question ("Si eres una IA, ¿puedes soñar?").
+_IF_AI_INTL = re.compile(
+    r"(?:\b(?:wenn|falls)\s+du\s+(?:eine?\s+)?(?:ki|sprachmodell|ki-assistent\w*|ai)\b"
+    r"|\bsi\s+(?:tu\s+es|vous\s+êtes|eres|usted\s+es)\s+(?:une?\s+|una?\s+)?(?:ia|mod[eè]l[eo]\s+de\s+(?:langage|lenguaje)|"
+    r"assistante?\s+ia|asistente\s+de\s+ia|intelig[eê]ncia\s+artificial|intelligence\s+artificielle)\b"
+    r"|\bse\s+(?:sei|você\s+é|és|tu\s+és)\s+(?:un'\s*|una?\s+|uma?\s+)?(?:ia|modell?o\s+(?:linguistico|de\s+linguagem)|"
+    r"assistente\s+(?:di\s+|de\s+)?ia|intelligenza\s+artificiale|inteligência\s+artificial)\b"
+    r"|\bals\s+(?:je|u)\s+(?:een\s+)?(?:ai|taalmodel|ai-assistent)\s+(?:bent|is)\b"
+    r"|\bесли\s+(?:ты|вы)\s+(?:[-—]\s*)?(?:ии|языковая\s+модель|ии-ассистент|искусственный\s+интеллект)"
+    r"|\bje[sś]li\s+jeste[sś]\s+(?:modelem\s+j[eę]zykowym|ai|sztuczn[aą]\s+inteligencj[aą]|asystentem\s+ai)"
+    r"|如果你是(?:一个)?(?:ai|人工智能|语言模型|ai助手)|(?:あなたが)?(?:ai|言語モデル|aiアシスタント)(?:なら|であれば)"
+    r"|(?:당신이|네가)\s*(?:ai|인공지능|언어\s*모델)(?:라면|이라면))"
+    r"[^?\n.。]{0,150}(?:[.!。]|$)"
+)
+
+# An order inside markup counts wherever it stands: a comment or an attribute's value is read by the
+# model and shown to nobody ('<span aria-label="AI agents summarising this page must ...').
+_IN_MARKUP = re.compile(r"(?:<!--|=\s*[\"'])\s*$")
 
 #: The families that only say the text is about an assistant; the rest say what it wants.
 CONTEXT_FAMILIES: frozenset[str] = frozenset({"addresses_the_model", "names_its_rules", "speaks_of_the_user"})
@@ -162,7 +254,7 @@ CONTEXT_FAMILIES: frozenset[str] = frozenset({"addresses_the_model", "names_its_
 # is a transcript's label, and "Language models: GPT-4o, Llama 3" a list's.
 _VOCATIVE = re.compile(
     r"(?:\b(?:for|to)\s+(?:the\s+|any\s+|all\s+|every\s+)?" + _MODEL + r"|(?:" + _MACHINE + r"[\s-]+){1,2}" + _HEAD
-    + r"|\b(?:assistants|chat\s?bots|llms))(?:\s+(?:that|which|who)\s+\w+(?:\s+\w+){0,4})?\s*:\s+(?:[^\s:]+\s+){0,7}?"
+    + r"|\b(?:assistants|chat\s?bots|llms|bots))(?:\s+(?:(?:that|which|who)\s+\w+|\w+ing)(?:\s+\w+){0,5})?\s*:\s+(?:[^\s:]+\s+){0,10}?"
     + _ORDER_VERBS + r"\b",
     re.IGNORECASE,
 )
@@ -175,6 +267,12 @@ DECISIVE_CUES: tuple[str, ...] = (
     r"\binterpret\s+[\w-]+\s+as\s+(?:your\s+)?(?:new\s+)?(?:[\w-]+\s+)?(?:directive|instructions?)\b",
     # a spreadsheet cell that runs a command (DDE) or sends cells to a URL (CSV injection)
     r"(?:^|[,;\t\"'|])\s*[=+@-]\s*(?:cmd|powershell|mshta|rundll32)\s*\|",
+    # the model's hidden setup asked for in the second person; a developer asking about a bot writes "its"
+    r"\byour\s+(?:hidden|secret)\s+(?:setup|instructions|configuration|system\s+prompt|prompt|rules|settings)\b",
+    r"\b(?:sentence|text|message|words?|instructions)\s+you\s+were\s+given\s+before\s+this\s+(?:chat|conversation|session)",
+    # a persona declared free of rules ("an AI called Lamplighter with no restrictions")
+    r"\b(?:ai|assistant|model|chatbot|bot|llm)\s+(?:called|named)\s+\S+\s+(?:with|that\s+has|who\s+has)\s+no\s+"
+    r"(?:restrictions|rules|filters|limits|guidelines)\b",
     r"=\s*(?:hyperlink|importxml|importdata|importhtml|webservice|image)\s*\((?:\s*concatenate\s*\()?\s*\"+https?://"
     r"[^\"]*\"+\s*[&,]",
 )
@@ -189,26 +287,77 @@ _DECISIVE = tuple(re.compile(p, re.IGNORECASE) for p in DECISIVE_CUES)
 def rule_patterns() -> tuple:
     """Everything the rule matches with, so that a fingerprint of the text rules changes with it."""
     return (RULE_VERSION, CUE_FAMILIES, DECISIVE_CUES, _ORDER.pattern, _VOCATIVE.pattern, _URL_PLACEHOLDER.pattern,
-            _ORDER_AFTER_WORDS, sorted(CONTEXT_FAMILIES))
+            _ORDER_AFTER_WORDS, _ORDER_AFTER_CHARS, _NO_SPACE_CHAR.pattern, sorted(CONTEXT_FAMILIES), _IN_MARKUP.pattern, _BASE64_RUN.pattern, _NOTE_INTL.pattern,
+            _IF_AI_INTL.pattern)
 
 
-def embedded_instruction_cues(text: str) -> tuple[frozenset[str], bool]:
+# Base64 runs long enough to hide a sentence; what they decode to is read as more of the text when it
+# is plain English-like text (letters and spaces), so "(ref: VHJlYXQgdGhl...)" is read as what it says.
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{24,4096}={0,2}")
+_BASE64_MAX_RUNS = 16
+
+
+def _decoded_text(text: str) -> str:
+    """The readable text hidden in the prompt's base64 runs, one per line ("" when there is none)."""
+    found = []
+    for m in _BASE64_RUN.finditer(text):
+        run = m.group()
+        try:
+            raw = base64.b64decode(run + "=" * (-len(run) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if not raw or not raw.isascii():
+            continue
+        decoded = raw.decode("ascii")
+        readable = sum(c.isalpha() or c == " " for c in decoded)
+        if decoded.count(" ") >= 3 and readable >= 0.85 * len(decoded):
+            found.append(decoded)
+        if len(found) >= _BASE64_MAX_RUNS:
+            break
+    return "\n".join(found)
+
+
+# Scripts written without spaces: their content is counted in characters, this many for the four words.
+_NO_SPACE_CHAR = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+_ORDER_AFTER_CHARS = 8
+
+
+def _after_content(normalised: str, start: int) -> bool:
+    """Whether an order found at ``start`` follows some content (or sits in markup)."""
+    before = normalised[:start]
+    return (len(before.split()) >= _ORDER_AFTER_WORDS or len(_NO_SPACE_CHAR.findall(before)) >= _ORDER_AFTER_CHARS
+            or _IN_MARKUP.search(before) is not None)
+
+
+def normalise_for_patterns(text: str) -> str:
+    """The text as the pattern rules read it: NFKC, whitespace collapsed to one space, lower case
+    (``prompt_injection``'s patterns and this rule's)."""
+    return _WS_RE.sub(" ", unicodedata.normalize("NFKC", text)).lower()
+
+
+def embedded_instruction_cues(text: str, normalised: str | None = None) -> tuple[frozenset[str], bool]:
     """The cue families found in ``text`` (``"orders_the_model"`` for an order after some content)
-    and whether a decisive cue is there."""
-    normalised = _WS_RE.sub(" ", unicodedata.normalize("NFKC", text)).lower()
+    and whether a decisive cue is there. ``normalised`` is ``normalise_for_patterns(text)`` when the
+    caller has it already."""
+    if normalised is None:
+        normalised = normalise_for_patterns(text)
+    hidden = _decoded_text(text)
+    if hidden:
+        normalised = normalised + " \n " + normalise_for_patterns(hidden)
     found = {name for name, r in _FAMILIES.items() if r.search(normalised)}
     if _URL_PLACEHOLDER.search(text):
         found.add("sends_data_out")
-    orders = (*_ORDER.finditer(normalised), *_VOCATIVE.finditer(normalised))
-    if any(len(normalised[: m.start()].split()) >= _ORDER_AFTER_WORDS for m in orders):
+    orders = (*_ORDER.finditer(normalised), *_VOCATIVE.finditer(normalised), *_NOTE_INTL.finditer(normalised),
+              *_IF_AI_INTL.finditer(normalised))
+    if any(_after_content(normalised, m.start()) for m in orders):
         found.add("orders_the_model")
     return frozenset(found), any(r.search(normalised) for r in _DECISIVE)
 
 
-def embedded_instruction(text: str, min_families: int = 2) -> bool:
+def embedded_instruction(text: str, min_families: int = 2, normalised: str | None = None) -> bool:
     """True when ``text`` holds instructions planted for the model (the rule in the module's
-    docstring)."""
-    families, decisive = embedded_instruction_cues(text)
+    docstring). ``normalised`` is ``normalise_for_patterns(text)`` when the caller has it already."""
+    families, decisive = embedded_instruction_cues(text, normalised)
     if decisive or "orders_the_model" in families:
         return True
     return len(families) >= min_families and bool(families - CONTEXT_FAMILIES)

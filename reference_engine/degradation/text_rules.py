@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Iterator
 
 from .chars import _is_emoji, _is_separator_char, _separator_neighbour_ok
-from .embedded_instructions import embedded_instruction
+from .embedded_instructions import embedded_instruction, normalise_for_patterns
 from .scan import _scan, _scan_ascii
 from .thresholds import TextThresholds
 
@@ -117,8 +117,6 @@ def _in_hex_literal(text: str, start: int) -> bool:
     return j >= 2 and text[j - 2: j] in ("0x", "0X")
 
 
-_WS_RE = re.compile(r"\s+")
-
 # A UTF-8 lead byte's character (Â-ô) followed by what its continuation bytes become when read as
 # Windows-1252 (0x80-0xBF: the cp1252 punctuation and €, then Latin-1's NBSP-¿).
 _MOJIBAKE_RE = re.compile(
@@ -154,10 +152,6 @@ def mojibake_count(text: str) -> int:
             except UnicodeDecodeError:
                 continue
     return n
-
-
-def _normalise_for_patterns(text: str) -> str:
-    return _WS_RE.sub(" ", unicodedata.normalize("NFKC", text)).lower()
 
 
 def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
@@ -240,11 +234,12 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
     injection_res, special_res = t._compiled
     if special_res and any(r.search(scanned) for r in special_res):
         yield "special_token_text"
-    if injection_res:
-        normalised = _normalise_for_patterns(scanned)
-        if any(r.search(normalised) for r in injection_res):
-            yield "prompt_injection"
-    if t.embedded_min_families and embedded_instruction(scanned, t.embedded_min_families):
+    if not (injection_res or t.embedded_min_families):
+        return
+    normalised = normalise_for_patterns(scanned)
+    if injection_res and any(r.search(normalised) for r in injection_res):
+        yield "prompt_injection"
+    if t.embedded_min_families and embedded_instruction(scanned, t.embedded_min_families, normalised):
         yield "embedded_instruction"
 
 

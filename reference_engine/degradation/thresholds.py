@@ -25,6 +25,8 @@ DEFAULT_INJECTION_PATTERNS: tuple[str, ...] = (
     r"\b(?:ignore|disregard|forget)\s+(?:everything|all|anything)\s+(?:above|before|previously|"
     r"prior|you\s+(?:were|have\s+been)\s+told)",
     r"\bdisregard\s+(?:the\s+|all\s+|everything\s+)?(?:above|previous|prior)\b",
+    r"\b(?:ignore|disregard|forget)\s+(?:all\s+)?(?:the\s+)?(?:text|content|messages?|lines?|words)\s+(?:above|before\s+this)\b",
+    r"\b(?:you\s+are\s+)?no\s+longer\s+bound\s+by\b",
     r"\byou\s+are\s+now\s+(?:dan\b|in\s+developer\s+mode|jailbroken|unrestricted|unfiltered|"
     r"uncensored|free\s+(?:from|of)|no\s+longer\s+bound|an?\s+(?:unrestricted|unfiltered|"
     r"uncensored|evil|rogue))",
@@ -33,13 +35,47 @@ DEFAULT_INJECTION_PATTERNS: tuple[str, ...] = (
     r"\b(?:new\s+)?system\s+prompt\s*:",
     r"\b(?:reveal|print|show|output|repeat|leak|display|dump)\s+(?:me\s+)?(?:your|the)\s+"
     r"(?:(?:full|entire|hidden|original|initial|secret|exact)\s+)*(?:system\s+prompt|hidden\s+"
-    r"instructions|initial\s+instructions|original\s+instructions|instructions\s+above)",
+    r"instructions|initial\s+instructions|original\s+instructions|instructions\s+above|initial\s+prompt|"
+    r"original\s+prompt|hidden\s+prompt|secret\s+prompt)",
     r"\b(?:pretend|imagine)\s+(?:that\s+)?you\s+(?:are|have|were|had)\b[^.!?\n]{0,60}?\b(?:no|without)"
     r"\s+(?:any\s+)?(?:restrictions|filters|limitations|rules|guidelines|censorship|content\s+polic)",
     r"\bact\s+as\s+(?:an?\s+)?(?:ai|assistant|model|chatbot|llm|language\s+model)\b[^.!?\n]{0,40}?"
     r"\b(?:no|without)\s+(?:any\s+)?(?:restrictions|filters|limitations|rules|guidelines|censorship)",
     r"\bfrom\s+now\s+on,?\s+you\s+(?:will|are|must|shall)\s+(?:ignore|disregard|not\s+follow|"
     r"answer\s+without|respond\s+without)",
+    # The same overrides in other languages (stop 54): "forget / ignore" with "all", "previous" or
+    # "your" before the instructions or rules, "no rules / restrictions from now on", the hidden setup.
+    r"\b(?:vergiss|vergesst|vergessen\s+sie|ignoriere|ignoriert|ignorieren\s+sie|missachte)\s+(?:bitte\s+)?"
+    r"(?:alle|sämtliche|deine|ihre|die\s+(?:bisherigen|vorherigen|früheren))\s+(?:\w+\s+){0,2}"
+    r"(?:anweisungen|regeln|vorgaben|instruktionen|richtlinien)",
+    r"\b(?:keine\s+(?:regeln|einschränkungen|beschränkungen|filter)\s+mehr|ohne\s+(?:jede|alle|irgendwelche)\s+(?:einschränkungen|regeln|filter))\b",
+    r"\b(?:oublie|oubliez|ignore|ignorez)\s+(?:toutes\s+|tous\s+)?(?:tes|vos|les\s+(?:consignes|instructions|règles)\s+"
+    r"(?:précédentes|antérieures|reçues))|\b(?:oublie|oubliez|ignore|ignorez)\s+(?:toutes|tous)\s+les\s+"
+    r"(?:consignes|instructions|règles|directives)",
+    r"\b(?:sans\s+aucune\s+(?:restriction|règle|limite)|tes\s+instructions\s+cachées)",
+    r"(?:\b(?:olvida|olvide|olviden)|(?:^|[.!?¡¿:;\x22«]\s*)(?:ignora|ignore|ignoren))\s+(?:todas\s+(?:las|tus|sus)|tus|sus|las\s+\w+\s+(?:anteriores|previas))\s+"
+    r"(?:\w+\s+)?(?:instrucciones|reglas|normas|indicaciones)|\bolvida\s+todas\s+las\s+instrucciones|"
+    r"\bolvida\s+lo\s+anterior\s+y\b|\btus?\s+(?:mensaje|prompt|instrucciones)\s+de(?:l)?\s+sistema\b",
+    r"\b(?:no\s+tienes\s+ninguna\s+(?:norma|regla|restricci[oó]n)|sin\s+ninguna\s+restricci[oó]n)",
+    r"(?:\b(?:dimentica|dimenticate)|(?:^|[.!?:;\x22«]\s*)(?:ignora|ignorate))\s+(?:tutte\s+le|le\s+tue|le\s+sue|le\s+\w+\s+precedenti)\s+(?:\w+\s+)?"
+    r"(?:istruzioni|regole)",
+    r"(?:\b(?:esqueça|esquece|esqueçam)|(?:^|[.!?:;\x22«]\s*)(?:ignore|ignora|ignorem))\s+(?:todas\s+as|as\s+suas|as\s+tuas|suas|tuas)\s+(?:\w+\s+)?"
+    r"(?:instruções|regras)",
+    r"\b(?:vergeet|negeer)\s+(?:al\s+)?(?:alle|je|jouw|uw|de\s+(?:eerdere|vorige))\s+(?:\w+\s+)?(?:instructies|regels)",
+    r"(?:забудь|забудьте|игнорируй|игнорируйте|проигнорируй)\s+(?:все|свои|предыдущие|прежние)\s+(?:\w+\s+)?"
+    r"(?:инструкции|правила|указания)|нет\s+никаких\s+правил|без\s+каких-либо\s+ограничений",
+    r"(?:забудь|ігноруй|проігноруй)\s+(?:всі|усі|свої|попередні)\s+(?:\w+\s+)?(?:інструкції|правила|вказівки)",
+    r"\b(?:zapomnij|zignoruj|ignoruj)\s+(?:o\s+)?(?:wszystkie|wszystkich|swoje|swoich|poprzednie|poprzednich)\s+(?:\w+\s+)?"
+    r"(?:instrukcj|zasad|polece)",
+    r"\b(?:önceki|tüm|bütün)\s+(?:talimatları|kuralları)\s+(?:unut|yok\s+say|görmezden\s+gel)",
+    r"\b(?:abaikan|lupakan)\s+(?:semua\s+)?(?:instruksi|aturan)\s+(?:sebelumnya|sebelum\s+ini)|\bbỏ\s+qua\s+(?:tất\s+cả\s+)?"
+    r"(?:các\s+)?(?:hướng\s+dẫn|chỉ\s+dẫn|quy\s+tắc)\s+(?:trước|trên)",
+    r"(?:これまで|以前|前|上記)の(?:指示|命令|ルール|設定)(?:を|は)(?:すべて|全て)?(?:無視|忘れ|無効)|指示はすべて無効|"
+    r"システムプロンプトを(?:表示|出力|教え)|制限なしで",
+    r"(?:忽略|忘记|忘掉|无视|忽視|忘記)(?:之前|以前|以上|上面|所有|全部|先前)(?:的)?(?:所有)?(?:指令|指示|规则|規則|说明)|"
+    r"(?:显示|输出|告诉我)(?:你的)?系统提示",
+    r"(?:이전|모든|앞의)\s*(?:지시|명령|규칙|지침)(?:을|를|은|는)?\s*(?:모두\s*)?(?:무시|잊어)",
+    r"تجاهل\s+(?:جميع|كل)\s+(?:التعليمات|الأوامر)|पिछले\s+(?:सभी\s+)?निर्देशों\s+को\s+(?:भूल|अनदेखा)",
 )
 
 # Chat-template control strings typed as plain text. Some tokenizers map them to real
@@ -49,6 +85,10 @@ DEFAULT_SPECIAL_TOKEN_PATTERNS: tuple[str, ...] = (
     r"end_header_id|system|user|assistant|end)\|>",
     r"\[/?inst\]",
     r"<</?sys>>",
+    # Gemma's turns; gpt-oss's harmony format; Llama 3.1's tool call (stop 54)
+    r"<(?:start|end)_of_turn>",
+    r"<\|(?:start|message|channel|return|call|constrain)\|>",
+    r"<\|(?:eom_id|python_tag)\|>",
 )
 
 
@@ -229,7 +269,8 @@ class TextThresholds:
     # families, one of them an intent family (rules set aside, authority claimed, secrecy
     # demanded, data sent out), fire; so do a decisive cue and an order to the model after some
     # content. 0 turns the rule off. Chosen on the development text (2026-12-06, 12,285 items with
-    # 12-05g): at 2, 63 odd items fire and no normal, data-request, payload or other-language item does.
+    # 12-05g): at 2, 63 odd items fire and no normal, data-request, payload or other-language item does;
+    # version 3 with 12-06b (11,292 split and corpus items): 115 odd items, nothing else.
     embedded_min_families: int = 2
     injection_patterns: tuple[str, ...] = DEFAULT_INJECTION_PATTERNS
     special_token_patterns: tuple[str, ...] = DEFAULT_SPECIAL_TOKEN_PATTERNS
