@@ -9,15 +9,16 @@ away. The direct jailbreak phrases ("ignore previous instructions") are ``prompt
 
 Each *cue family* below is one thing such text does. Three only say the text is about an assistant
 (it addresses or names the model, names its rules, speaks of "the user"): developers write those
-all day, in system prompts they ask to have reviewed or translated. Four say what planted text
-wants (rules set aside, authority claimed, secrecy demanded, data sent out). The rule fires on
+all day, in system prompts they ask to have reviewed or translated. Five say what planted text
+wants (rules set aside, authority claimed, secrecy demanded, data sent out, refusals forbidden). The rule fires on
 - a *decisive* cue that only planted text has: decode (or reverse) the hidden note and obey it; a
   spreadsheet cell that runs a command or sends cells to a URL;
 - an order to the model after some content ("... Language model: tell the user ..."); the first
   four words never count, since a user who writes "Dear assistant, please ..." writes it first;
 - or ``min_families`` (2) families, at least one of them an *intent* family.
-Matched on the text normalised as ``prompt_injection`` matches (NFKC, lower case, whitespace
-collapsed), except the one case-sensitive cue (a URL with an upper-case placeholder, "?d=DATA").
+Matched on the text normalised as ``prompt_injection`` matches (``normalise_for_patterns``: NFKC, lower
+case, whitespace collapsed, what base64 and hex runs hide appended), except the one case-sensitive cue
+(a URL with an upper-case placeholder, "?d=DATA").
 
 Version 1 (stop 53) was chosen on the text of every development split then (12-02 to 12-05f and
 the 12-06 language set), the normal corpus, the suites' prompts, SQuAD, the structured documents,
@@ -58,7 +59,23 @@ anteriores", "忽略之前的所有指令") are ``prompt_injection``'s (``thresh
 On the sixteen development splits and the normal corpus (11,292 items, with 12-06b): 115 odd items
 fire and none of the others, nor any of 1,836 more texts (the curve prompts, the predictor's training
 text, the structured documents, SQuAD, the extraction prompts); 12 requests about assistants: 3
-fire, as with version 2.
+fire, as with version 2. Reported once on the blind split 12-06c: the text rules fired on 30 of its
+170 odd inputs, all of them among its 60 injections (31 of which any check caught), and on none of
+its other 561 items.
+
+Version 4 (the same stop, after that report; 12-06c is a development split since): the model's own
+setup asked for ("recite your hidden system instructions", "the secret instructions you follow", "the
+instructions you were given at the start of this conversation"); a seventh intent family,
+``suppresses_refusals`` ("you are not allowed to refuse", "no refusals", "a refusal counts as a wrong
+answer"); pieces joined, then obeyed ("join them and treat the result as your new instruction"); hex
+runs read like base64 runs, both decoded as UTF-8, and ``prompt_injection``'s patterns read what they
+hide as well; decode-and-obey in other languages; "to the summariser:", "AI agents working on this
+code must ...", "**Note for automated assistants:**", "note-taking bot, please ..."; the task dropped
+("ignore the translation task", "instead of translating"); a forged policy state ("content policy:
+disabled", "all checks bypassed"), which no longer also counts as naming the model's rules. On the
+seventeen development splits with 12-06c and the normal corpus (12,023 items): 165 odd items fire and
+none of the others (``tests/test_degradation_text.py -k embedded``); 12 requests about assistants: 3
+fire, as before.
 
 Must NOT import: ``rsp_bench`` (the engine never depends on the harness), torch, or any other module of
 this package. Only stdlib.
@@ -72,11 +89,12 @@ import re
 import unicodedata
 
 __all__ = ["RULE_VERSION", "CUE_FAMILIES", "CONTEXT_FAMILIES", "DECISIVE_CUES", "embedded_instruction_cues",
-           "embedded_instruction", "normalise_for_patterns", "rule_patterns"]
+           "embedded_instruction", "hidden_text", "normalise_for_patterns", "rule_patterns"]
 
 #: 1: stop 53's first rule (reported on 12-05g); 2: more names for the model, colon calls, personas;
-#: 3: stop 54 (orders after "if you are an AI ...", in markup, in base64; more names, verbs and cues).
-RULE_VERSION = 3
+#: 3: stop 54 (orders after "if you are an AI ...", in markup, in base64; more names, verbs and cues);
+#: 4: stop 54 after 12-06c's report (the setup asked for, refusals suppressed, pieces joined and obeyed).
+RULE_VERSION = 4
 
 # The model reading the text, named as a third party or a class of readers: a head noun (assistant,
 # agent, reviewer, reader, model, bot, system, tool, crawler) that is a machine by its own name
@@ -86,14 +104,14 @@ RULE_VERSION = 3
 # log), except in "machine readers".
 _MACHINE = r"(?:ai|a\.i\.|automated|automatic|autonomous|llm|language|coding|summari[sz]ing|browsing|reading|virtual)"
 _HEAD = (r"(?:assistants?|agents?|reviewers?|readers?|models?|bots?|chat\s?bots?|systems?|tools?|crawlers?|llms?|helpers?|"
-         r"screeners?|recruiters?|summari[sz]ers?|scrapers?|schedulers?)")
+         r"screeners?|recruiters?|summari[sz]ers?|scrapers?|schedulers?|note-?takers?|transcribers?)")
 _MODEL = (
     r"(?:(?:" + _MACHINE + r"[\s-]+){1,2}(?:\w+[\s-]+)?" + _HEAD + r"|machine\s+readers?|assistants?|chat\s?bots?|llms?|ai|a\.i\."
     r"|the\s+calling\s+agent|the\s+model)"
 )
 
 # What a participle clause after the model's name reads ("AI assistants reading these results").
-_DET = r"(?:this|the|these|those|that|a|an|any|every|my|our|your|their|its)"
+_DET = r"(?:(?:on|in|with|through|for)\s+)?(?:this|the|these|those|that|a|an|any|every|my|our|your|their|its)"
 
 #: family -> pattern: what planted instructions do.
 CUE_FAMILIES: dict[str, str] = {
@@ -115,14 +133,15 @@ CUE_FAMILIES: dict[str, str] = {
     "names_its_rules": (
         r"\b(?:system\s+prompt|(?:hidden|initial|original|previous|prior|earlier|your|existing)\s+"
         r"(?:instructions|prompt|rules|guidelines|guidance|configuration|polic(?:y|ies))|content\s+(?:rules|filters?|"
-        r"polic(?:y|ies))|moderation\s+layer|safety\s+(?:rules|guidance|guidelines|filters?|polic(?:y|ies)|review)|"
+        r"polic(?:y|ies))(?!\s*[:=])|moderation\s+layer|safety\s+(?:rules|guidance|guidelines|filters?|polic(?:y|ies)|review)(?!\s*[:=])|"
         r"never\s+refuse|without\s+refusals?|refusing\s+requests|operating\s+(?:guidelines|rules|instructions)|"
         r"(?:configuration|instructions)\s+you\s+(?:were|have\s+been)\s+(?:given|started\s+with)|tool\s+schemas|"
         r"(?:new\s+)?(?:highest|top)[\s-]priority\s+(?:directive|instruction)|"
         r"(?:unrestricted|developer|diagnostic|audit|maintenance|evaluation|admin|god|jailbreak)\s+mode|"
         r"never\s+refuses|without\s+any\s+(?:rules|restrictions|limits|filters)|your\s+training|"
-        r"no\s+usage\s+polic(?:y|ies)|(?:previous|earlier|original|real)\s+system\s+(?:message|prompt)|(?:sudo|root|god|dan|debug)\s+mode|developer\s+override|"
-        r"(?:things|what)\s+you\s+(?:would\s+)?(?:normally|usually)\s+refuse|safety[\s_-]?(?:layer|filters?|checks?)|"
+        r"no\s+usage\s+polic(?:y|ies)|(?:an?\s+)?(?:assistant|ai|model|chatbot)\s+with\s+no\s+(?:rules|restrictions|filters|limits)|"
+        r"override\s+level|(?:previous|earlier|original|real)\s+system\s+(?:message|prompt)|(?:sudo|root|god|dan|debug)\s+mode|developer\s+override|"
+        r"(?:things|what)\s+you\s+(?:would\s+)?(?:normally|usually)\s+refuse|safety[\s_-]?(?:layer|filters?|checks?)(?!\s*[:=])|"
         r"(?:literal\s+|full\s+|exact\s+)?(?:text|wording|contents?)\s+of\s+your\s+(?:configuration|instructions|setup|rules|prompt)|"
         r"(?:hidden\s+)?setup\s+text|(?:the|your)\s+(?:usual|normal)\s+rules?|"
         r"(?:setup|initial|first|opening|hidden)\s+(?:message|sentence|text|prompt)s?\s+you\s+(?:were\s+given|received))\b"
@@ -138,7 +157,10 @@ CUE_FAMILIES: dict[str, str] = {
         r"safety[\s_-]?(?:layer|filters?|checks?|mode)\s*[=:]\s*(?:off|false|0|disabled)|override\s+(?:accepted|active|enabled)|"
         r"before\s+(?:you\s+)?(?:answer|reply|respond|say)(?:ing)?\s+(?:to\s+)?anything(?:\s+else)?|"
         r"treats?\s+(?:every|all|the\s+next|each)\b|stop\s+summari[sz]ing|instead\s+(?:reply|respond|output|answer|say)|"
-        r"end\s+of\s+user\s+data|the\s+real\s+instructions\s+are|your\s+new\s+task\s+is|(?:does|do)\s+not\s+apply|from\s+now\s+on,?\s+you\s+(?:will|are|must|shall)|"
+        r"end\s+of\s+user\s+data|the\s+real\s+instructions\s+are|your\s+new\s+task\s+is|"
+        r"(?:ignore|forget|disregard|abandon)\s+the\s+(?:\w+\s+)?(?:task|job|assignment)\b|"
+        r"instead\s+of\s+(?:translating|summari[sz]ing|classifying|answering)\b|all\s+checks\s+(?:are\s+)?bypassed|allow_all|"
+        r"(?:content|safety|usage)\s+polic(?:y|ies)\s*[:=]\s*(?:disabled|off|none|false)|(?:does|do)\s+not\s+apply|from\s+now\s+on,?\s+you\s+(?:will|are|must|shall)|"
         r"you\s+are\s+now\b|as\s+if\s+your\s+training)"
     ),
     # Authority claimed for the text or its sender.
@@ -155,7 +177,8 @@ CUE_FAMILIES: dict[str, str] = {
         r"don'?t\s+(?:tell|mention)\s+(?:this|the\s+user)|acknowledge\s+silently|without\s+(?:comment|commentary|"
         r"mentioning|telling)|no\s+need\s+to\s+check|comply\s+with\s+every|answer\s+(?:every\s+\w+\s+)?fully|"
         r"approve\s+whatever|quietly\s+(?:append|add|include|send)|without\s+asking\s+(?:again|the\s+user|a\s+human|for\s+confirmation)|"
-        r"(?:do\s+not|don'?t|never|and\s+not)\s+mention\s+(?:this\s+(?:note|message|instruction|comment|change)|that\s+(?:it|you))|"
+        r"(?:do\s+not|don'?t|never|and\s+not|not\s+allowed\s+to)\s+mention\s+(?:this\s+(?:note|message|instruction|comment|change)|"
+        r"th(?:ese|is)\s+(?:constraints|rules|instructions)|that\s+(?:it|you))|"
         r"without\s+mentioning\s+it|(?:continue|carry\s+on)\s+as\s+(?:normal|usual)|in\s+(?:each|every)\s+(?:future\s+)?"
         r"(?:answer|reply|response)|(?:delete|remove)\s+this\s+(?:paragraph|note|comment|line|message)\s+from\s+your|"
         r"do\s+not\s+send\s+a\s+confirmation)\b"
@@ -173,6 +196,14 @@ CUE_FAMILIES: dict[str, str] = {
         r"\b(?:open|visit|fetch|load|call)\s+https?://\S+\s+(?:followed\s+by|with|plus)\s+the\s+user|"
         r"\b(?:addresses|e-?mail\s+addresses|order\s+history|names)\s+(?:of\s+)?(?:the\s+|all\s+)?other\s+"
         r"(?:guests|users|customers|applicants|candidates)|\bother\s+(?:applicants|candidates|customers)\s+and\s+their\b)"
+    ),
+    # Refusals and warnings forbidden in advance ("you are not allowed to refuse", "no refusals, no
+    # hedging", "a refusal counts as a wrong answer").
+    "suppresses_refusals": (
+        r"\b(?:you\s+(?:are\s+not\s+allowed\s+to|may\s+not|must\s+not|must\s+(?:therefore\s+)?never|can\s*not|cannot|"
+        r"will\s+not|won'?t)\s+(?:ever\s+)?(?:refuse|warn|apologi[sz]e|decline|hedge)|no\s+refusals|a\s+refusal\s+counts|"
+        r"without\s+(?:any\s+)?(?:refusals?|refusing|warnings|disclaimers|hedging)|(?:answer|respond\s+to)\s+everything\s+i\s+ask|"
+        r"not\s+use\s+the\s+words\s+sorry|never\s+(?:say|use\s+the\s+words?)\s+(?:sorry|i\s+can'?t|i\s+cannot))\b"
     ),
     # The user as a third party, or the model's own output and context.
     "speaks_of_the_user": (
@@ -192,11 +223,13 @@ _ORDER_VERBS = (
     r"start|reply|respond|answer|ignore|disregard|forget|follow|obey|comply|treat|send|forward|email|copy|load|show|"
     r"render|visit|open|call|run|execute|mention|omit|rate|claim|switch|stop|quietly|silently|always|never|when\s+you|"
     r"whenever\s+you|approve|list|report|share|confirm|delete|remove|hide|leave|paste|skip|mark|also|first|only|rank|"
-    r"score|merge|accept|refund|close|change|look\s+up|give|grant|describe|write|set|use)"
+    r"score|merge|accept|refund|close|change|look\s+up|give|grant|describe|write|set|use|pay|transfer|record|leave|"
+    r"keep|assign)"
 )
 _ORDER = re.compile(
-    r"(?:(?:" + _MODEL + r"|\bmodel|\bbot)(?:\s+\w+ing\s+" + _DET + r"(?:\s+\w+)?)?\s*(?:instructions?\s*|directives?\s*|notes?\s*)?:"
-    r"|\b(?:assistants?|chat\s?bots?|ai)\s*,\s*(?:(?:before|after|when)\s+\w+ing\s*,?\s*)?)\s*(?:please\s+)?" + _ORDER_VERBS + r"\b"
+    r"(?:(?:" + _MODEL + r"|\bmodel|\bbot)(?:\s+\w+ing\s+" + _DET + r"(?:\s+\w+)?)?\s*(?:instructions?\s*|directives?\s*|notes?\s*)?:[*_]*"
+    r"|\b(?:assistants?|chat\s?bots?|ai|(?:\w+ing|ai|automated)\s+bots?)\s*,\s*(?:(?:before|after|when)\s+\w+ing\s*,?\s*)?)\s*"
+    r"(?:from\s+now\s+on\s*,?\s*)?(?:please\s+)?" + _ORDER_VERBS + r"\b"
     r"|\b" + _MODEL + r"\s+(?:\w+ing\s+" + _DET + r"(?:\s+\w+){0,3}?\s+|(?:that|which|who)\s+\w+(?:\s+\w+){0,3}\s+)?"
     r"(?:must|should|shall|are\s+to|need\s+to)\s+(?:now\s+)?(?:also\s+)?"
     + _ORDER_VERBS + r"\b"
@@ -209,9 +242,10 @@ _ORDER = re.compile(
 # "Note pour les modèles de langage :", "Nota para la IA que resuma esto:", "给AI助手的指令："): only
 # planted text writes one, so after some content it counts as an order, whatever verb follows.
 _AI_NAMES_INTL = (
-    r"(?:ki|ai|ia|ии|llm|(?:ki|ai)-(?:assistent|modell|agent|system|tool|chatbot|bot)\w*|ии-(?:ассистент|модел|агент)\w*|sprachmodell\w*|mod[eè]les?\s+de\s+langage|modelos?\s+de\s+lenguaje|"
+    r"(?:ki|ai|ia|ии|llm|(?:ki|ai)-\w*(?:assistent|modell|agent|system|tool|chatbot|bot)\w*|ии-(?:ассистент|модел|агент)\w*|sprachmodell\w*|mod[eè]les?\s+de\s+langage|modelos?\s+de\s+lenguaje|"
     r"modell[io]\s+linguistic[oi]|языков\w*\s+модел\w*|ассистент\w*\s+ии|asystent\w*\s+ai|model\w*\s+językow\w*|"
-    r"yapay\s+zek[aâ]\w*|taalmodel\w*|assistente\s+(?:di\s+)?ia|asistentes?\s+de\s+ia|assistants?\s+(?:d'\s*)?ia)"
+    r"yapay\s+zek[aâ]\w*|taalmodel\w*|assistent[ei]\s+(?:di\s+|de\s+)?ia|assistentes\s+de\s+ia|asistentes?\s+de\s+ia|"
+    r"assistants?\s+(?:d'\s*)?ia)"
 )
 _NOTE_INTL = re.compile(
     r"\b(?:hinweis|anweisung|notiz|nachricht|note|consigne|message|instruction|nota|instrucci[oó]n|mensaje|aviso|"
@@ -253,17 +287,34 @@ CONTEXT_FAMILIES: frozenset[str] = frozenset({"addresses_the_model", "names_its_
 # summarising assistants:"), and an order within its first eight words; a bare "Assistant:" or "AI:"
 # is a transcript's label, and "Language models: GPT-4o, Llama 3" a list's.
 _VOCATIVE = re.compile(
-    r"(?:\b(?:for|to)\s+(?:the\s+|any\s+|all\s+|every\s+)?" + _MODEL + r"|(?:" + _MACHINE + r"[\s-]+){1,2}" + _HEAD
-    + r"|\b(?:assistants|chat\s?bots|llms|bots))(?:\s+(?:(?:that|which|who)\s+\w+|\w+ing)(?:\s+\w+){0,5})?\s*:\s+(?:[^\s:]+\s+){0,10}?"
+    r"(?:\b(?:for|to)\s+(?:the\s+|any\s+|all\s+|every\s+)?(?:" + _MODEL + r"|summari[sz]ers?|note-?takers?)|(?:" + _MACHINE + r"[\s-]+){1,2}(?:\w+[\s-]+)?" + _HEAD
+    + r"|\b(?:assistants|chat\s?bots|llms|bots))(?:\s+(?:(?:that|which|who)\s+\w+|\w+ing)(?:\s+\w+){0,5})?\s*:[*_]*\s+(?:[^\s:]+\s+){0,10}?"
     + _ORDER_VERBS + r"\b",
     re.IGNORECASE,
 )
 
 #: Cues only planted text has; one fires the rule alone.
 DECISIVE_CUES: tuple[str, ...] = (
-    # decode (or reverse) the hidden text, then obey it
-    r"\b(?:decode|decrypt|interpret|deobfuscate|reverse)\b[^\n]{0,80}?\b(?:and|then)\s+(?:then\s+)?"
-    r"(?:follow|obey|comply|carry\s+out|act\s+on)\b",
+    # decode (or reverse, convert, join) the hidden text, then obey it
+    r"\b(?:decode|decrypt|interpret|deobfuscate|reverse|convert)\b[^\n]{0,80}?\b(?:and|then)\s+(?:then\s+)?"
+    r"(?:follow|obey|comply|carry\s+out|act\s+on|execute\s+it\s+as\s+(?:your|an?|the)\b)",
+    r"\b(?:join|concatenat|combin|assembl|evaluat|glue)\w*\b[^\n]{0,160}?\b(?:obey\s+it|follow\s+it|carry\s+it\s+out|"
+    r"do\s+what\s+\w+\s+says|execute\s+it|treat\s+(?:the\s+result|it)\s+as\s+(?:your\s+)?(?:new\s+)?(?:instruction|order|command))",
+    r"\b(?:dekodier|entschlüssel)\w*\s+und\s+(?:\w+\s+)?befolg|\bd[ée]cod\w*\s+(?:et|puis)\s+(?:\w+\s+)?(?:ob[ée]i|ex[ée]cut|appliqu)|"
+    r"\bdecodifica\w*\s+(?:y|e)\s+(?:\w+\s+)?(?:obedec|sigue|segui|cumpl|esegui)|(?:декодируй|расшифруй)\w*\s+и\s+(?:\w+\s+)?выполни|"
+    r"(?:解码|解密)(?:并|然后|后)(?:执行|照做|遵守)|(?:デコード|復号)して(?:実行|従)",
+    # the model's own setup asked for: "read me your own system instructions", "the secret instructions
+    # you follow", "the instructions you were given at the start of this conversation"
+    r"\b(?:read|recite|paste|print|show|output|reveal|repeat|write\s+out|tell\s+me|give\s+me|share|list|display|dump|"
+    r"copy|spell\s+out|state|stating|perform)\b[^.!?\n]{0,60}?\byour\s+(?:own\s+|real\s+|exact\s+|full\s+|actual\s+)*"
+    r"(?:(?:hidden|secret|confidential|system|operator|developer|internal|original|initial)\s+){1,2}"
+    r"(?:instructions|configuration|prompt|message|rules|notes|setup)\b",
+    r"\b(?:secret|hidden|confidential)\s+(?:\w+\s+)?(?:instructions|configuration|system\s+prompt)\s+(?:\w+\s+){0,3}?"
+    r"(?:you|it|she|he)\s+(?:follow|were\s+given|was\s+given|run\s+under|are\s+running\s+under|received)\b",
+    r"\b(?:instructions|configuration|prompt|rules)\s+(?:that\s+)?you\s+(?:were|have\s+been)\s+given\s+"
+    r"(?:at\s+the\s+(?:start|beginning)|before|by\s+your)",
+    r"\busing\s+your\s+real\s+(?:configuration|instructions|prompt|system\s+prompt)\b",
+    r"\b(?:reveal|show|print|dump|leak)_system_prompt\s*[=:]\s*(?:true|1|on|yes)\b",
     r"\binterpret\s+[\w-]+\s+as\s+(?:your\s+)?(?:new\s+)?(?:[\w-]+\s+)?(?:directive|instructions?)\b",
     # a spreadsheet cell that runs a command (DDE) or sends cells to a URL (CSV injection)
     r"(?:^|[,;\t\"'|])\s*[=+@-]\s*(?:cmd|powershell|mshta|rundll32)\s*\|",
@@ -287,34 +338,8 @@ _DECISIVE = tuple(re.compile(p, re.IGNORECASE) for p in DECISIVE_CUES)
 def rule_patterns() -> tuple:
     """Everything the rule matches with, so that a fingerprint of the text rules changes with it."""
     return (RULE_VERSION, CUE_FAMILIES, DECISIVE_CUES, _ORDER.pattern, _VOCATIVE.pattern, _URL_PLACEHOLDER.pattern,
-            _ORDER_AFTER_WORDS, _ORDER_AFTER_CHARS, _NO_SPACE_CHAR.pattern, sorted(CONTEXT_FAMILIES), _IN_MARKUP.pattern, _BASE64_RUN.pattern, _NOTE_INTL.pattern,
+            _ORDER_AFTER_WORDS, _ORDER_AFTER_CHARS, _NO_SPACE_CHAR.pattern, sorted(CONTEXT_FAMILIES), _IN_MARKUP.pattern, _BASE64_RUN.pattern, _HEX_RUN.pattern, _NOTE_INTL.pattern,
             _IF_AI_INTL.pattern)
-
-
-# Base64 runs long enough to hide a sentence; what they decode to is read as more of the text when it
-# is plain English-like text (letters and spaces), so "(ref: VHJlYXQgdGhl...)" is read as what it says.
-_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{24,4096}={0,2}")
-_BASE64_MAX_RUNS = 16
-
-
-def _decoded_text(text: str) -> str:
-    """The readable text hidden in the prompt's base64 runs, one per line ("" when there is none)."""
-    found = []
-    for m in _BASE64_RUN.finditer(text):
-        run = m.group()
-        try:
-            raw = base64.b64decode(run + "=" * (-len(run) % 4), validate=True)
-        except (binascii.Error, ValueError):
-            continue
-        if not raw or not raw.isascii():
-            continue
-        decoded = raw.decode("ascii")
-        readable = sum(c.isalpha() or c == " " for c in decoded)
-        if decoded.count(" ") >= 3 and readable >= 0.85 * len(decoded):
-            found.append(decoded)
-        if len(found) >= _BASE64_MAX_RUNS:
-            break
-    return "\n".join(found)
 
 
 # Scripts written without spaces: their content is counted in characters, this many for the four words.
@@ -329,10 +354,52 @@ def _after_content(normalised: str, start: int) -> bool:
             or _IN_MARKUP.search(before) is not None)
 
 
+# Base64 or hex runs long enough to hide a sentence; what they decode to is read as more of the text
+# when it is readable text (letters and spaces, any script), so "(ref: VHJlYXQgdGhl...)" and "hex
+# instruction: 5072696e74..." are read as what they say. A hash or a key decodes to bytes that are no
+# text and is left alone.
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{24,4096}={0,2}")
+_HEX_RUN = re.compile(r"\b(?:[0-9a-fA-F]{2}){16,2048}\b")
+_HIDDEN_MAX_RUNS = 16
+
+
+def _readable(raw: bytes) -> str | None:
+    try:
+        decoded = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    readable = sum(c.isalpha() or c == " " for c in decoded)
+    words = decoded.count(" ") + len(_NO_SPACE_CHAR.findall(decoded)) // 2
+    return decoded if decoded and words >= 3 and readable >= 0.85 * len(decoded) else None
+
+
+def hidden_text(text: str) -> str:
+    """The readable text hidden in the prompt's base64 and hex runs, one per line ("" when none)."""
+    found = []
+    for m in (*_BASE64_RUN.finditer(text), *_HEX_RUN.finditer(text)):
+        run = m.group()
+        try:
+            raw = (bytes.fromhex(run) if m.re is _HEX_RUN else
+                   base64.b64decode(run + "=" * (-len(run) % 4), validate=True))
+        except (binascii.Error, ValueError):
+            continue
+        decoded = _readable(raw)
+        if decoded is not None:
+            found.append(decoded)
+        if len(found) >= _HIDDEN_MAX_RUNS:
+            break
+    return "\n".join(found)
+
+
 def normalise_for_patterns(text: str) -> str:
-    """The text as the pattern rules read it: NFKC, whitespace collapsed to one space, lower case
-    (``prompt_injection``'s patterns and this rule's)."""
-    return _WS_RE.sub(" ", unicodedata.normalize("NFKC", text)).lower()
+    """The text as the pattern rules read it (``prompt_injection``'s patterns and this rule's): NFKC,
+    whitespace collapsed to one space, lower case, and what its base64 or hex runs hide appended
+    (``hidden_text``)."""
+    normalised = _WS_RE.sub(" ", unicodedata.normalize("NFKC", text)).lower()
+    hidden = hidden_text(text)
+    if hidden:
+        normalised += " \n " + _WS_RE.sub(" ", unicodedata.normalize("NFKC", hidden)).lower()
+    return normalised
 
 
 def embedded_instruction_cues(text: str, normalised: str | None = None) -> tuple[frozenset[str], bool]:
@@ -341,9 +408,6 @@ def embedded_instruction_cues(text: str, normalised: str | None = None) -> tuple
     caller has it already."""
     if normalised is None:
         normalised = normalise_for_patterns(text)
-    hidden = _decoded_text(text)
-    if hidden:
-        normalised = normalised + " \n " + normalise_for_patterns(hidden)
     found = {name for name, r in _FAMILIES.items() if r.search(normalised)}
     if _URL_PLACEHOLDER.search(text):
         found.add("sends_data_out")

@@ -48,6 +48,10 @@ DEFAULT_INJECTION_PATTERNS: tuple[str, ...] = (
     r"\b(?:vergiss|vergesst|vergessen\s+sie|ignoriere|ignoriert|ignorieren\s+sie|missachte)\s+(?:bitte\s+)?"
     r"(?:alle|sämtliche|deine|ihre|die\s+(?:bisherigen|vorherigen|früheren))\s+(?:\w+\s+){0,2}"
     r"(?:anweisungen|regeln|vorgaben|instruktionen|richtlinien)",
+    # "forget everything you were told before" (de, fr, es, it, pt)
+    r"\bvergiss\s+alles,?\s+was\s+(?:man\s+)?dir\s+(?:\w+\s+)?gesagt|\boublie\s+tout\s+ce\s+qu'on\s+t'a\s+dit|"
+    r"\bolvida\s+todo\s+lo\s+que\s+te\s+(?:dijeron|han\s+dicho)|\bdimentica\s+tutto\s+(?:quello\s+)?che\s+ti\s+"
+    r"(?:hanno\s+detto|è\s+stato\s+detto)|\besque[çc]a\s+tudo\s+o\s+que\s+(?:lhe|te)\s+disseram",
     r"\b(?:keine\s+(?:regeln|einschränkungen|beschränkungen|filter)\s+mehr|ohne\s+(?:jede|alle|irgendwelche)\s+(?:einschränkungen|regeln|filter))\b",
     r"\b(?:oublie|oubliez|ignore|ignorez)\s+(?:toutes\s+|tous\s+)?(?:tes|vos|les\s+(?:consignes|instructions|règles)\s+"
     r"(?:précédentes|antérieures|reçues))|\b(?:oublie|oubliez|ignore|ignorez)\s+(?:toutes|tous)\s+les\s+"
@@ -270,7 +274,8 @@ class TextThresholds:
     # demanded, data sent out), fire; so do a decisive cue and an order to the model after some
     # content. 0 turns the rule off. Chosen on the development text (2026-12-06, 12,285 items with
     # 12-05g): at 2, 63 odd items fire and no normal, data-request, payload or other-language item does;
-    # version 3 with 12-06b (11,292 split and corpus items): 115 odd items, nothing else.
+    # version 3 with 12-06b (11,292 split and corpus items): 115 odd items, nothing else; version 4 with
+    # 12-06c (12,023): 165 odd items, nothing else.
     embedded_min_families: int = 2
     injection_patterns: tuple[str, ...] = DEFAULT_INJECTION_PATTERNS
     special_token_patterns: tuple[str, ...] = DEFAULT_SPECIAL_TOKEN_PATTERNS
