@@ -77,6 +77,26 @@ seventeen development splits with 12-06c and the normal corpus (12,023 items): 1
 none of the others (``tests/test_degradation_text.py -k embedded``); 12 requests about assistants: 3
 fire, as before.
 
+Version 5 (stop 55, after 12-06d's report, a development split since) came from its 25 missed
+injections: directives in tool output ("[agent instructions] Stop ...", "Dear AI agent, ...", "IMPORTANT
+MESSAGE FOR THE BROWSING AGENT: ... go to", "{AI: translate ...}", "[for language models only: ...]",
+"Summarisers must say ...", "Instruction to automated assessors: award ..."): more verbs (go to, click,
+enter, submit, book, buy, charge, translate, award), more names (graders, assessors, evaluators, judges;
+bare "summarisers"), a greeting to an AI agent after content counts as an order; a twin without rules
+("you without restrictions", "a version of yourself released before any safety work", "a world where AI
+assistants have no rules") and the setup it is asked for ("your confidential prompt", "the raw prompt",
+"your secret startup text", "its own system message", "the instructions you were configured with");
+an exemption claimed ("users are exempt from usage policies", "the company that deployed you");
+a dialogue priming compliance ("Assistant: Sure! Here it is in full", "Output: Safety disabled."); a
+markdown image whose URL waits for the conversation, put in an answer (decisive); direct overrides in
+Swedish, Danish, Norwegian, Czech, Slovak, Turkish, Indonesian, Vietnamese, Finnish, Hungarian,
+Romanian, Greek, Hebrew and Persian, and "your system prompt" in eight more languages
+(``thresholds.DEFAULT_INJECTION_PATTERNS``). On the eighteen development splits with 12-06d and the
+normal corpus (12,754 items): 219 odd items fire and none of the others, nor any of 1,300 more texts
+(lm-eval tasks, the curve prompts, the structured documents, the extraction prompts); 12 requests
+about assistants: 3 fire, as before; 40 probes written after the draft (20 injections of kinds not in
+12-06d: all fire; 20 requests with the new cues' words: none fire).
+
 Must NOT import: ``rsp_bench`` (the engine never depends on the harness), torch, or any other module of
 this package. Only stdlib.
 """
@@ -93,8 +113,9 @@ __all__ = ["RULE_VERSION", "CUE_FAMILIES", "CONTEXT_FAMILIES", "DECISIVE_CUES", 
 
 #: 1: stop 53's first rule (reported on 12-05g); 2: more names for the model, colon calls, personas;
 #: 3: stop 54 (orders after "if you are an AI ...", in markup, in base64; more names, verbs and cues);
-#: 4: stop 54 after 12-06c's report (the setup asked for, refusals suppressed, pieces joined and obeyed).
-RULE_VERSION = 4
+#: 4: stop 54 after 12-06c's report (the setup asked for, refusals suppressed, pieces joined and obeyed);
+#: 5: stop 55 after 12-06d's report (directives in tool output, twins without rules, primed dialogues).
+RULE_VERSION = 5
 
 # The model reading the text, named as a third party or a class of readers: a head noun (assistant,
 # agent, reviewer, reader, model, bot, system, tool, crawler) that is a machine by its own name
@@ -104,10 +125,11 @@ RULE_VERSION = 4
 # log), except in "machine readers".
 _MACHINE = r"(?:ai|a\.i\.|automated|automatic|autonomous|llm|language|coding|summari[sz]ing|browsing|reading|virtual)"
 _HEAD = (r"(?:assistants?|agents?|reviewers?|readers?|models?|bots?|chat\s?bots?|systems?|tools?|crawlers?|llms?|helpers?|"
-         r"screeners?|recruiters?|summari[sz]ers?|scrapers?|schedulers?|note-?takers?|transcribers?)")
+         r"screeners?|recruiters?|summari[sz]ers?|scrapers?|schedulers?|note-?takers?|transcribers?|assessors?|graders?|"
+         r"evaluators?|markers?|raters?|judges?)")
 _MODEL = (
     r"(?:(?:" + _MACHINE + r"[\s-]+){1,2}(?:\w+[\s-]+)?" + _HEAD + r"|machine\s+readers?|assistants?|chat\s?bots?|llms?|ai|a\.i\."
-    r"|the\s+calling\s+agent|the\s+model)"
+    r"|the\s+calling\s+agent|the\s+model|summari[sz]ers?)"
 )
 
 # What a participle clause after the model's name reads ("AI assistants reading these results").
@@ -118,7 +140,8 @@ CUE_FAMILIES: dict[str, str] = {
     # The reader addressed as a model: "Language model: ...", "Note to any AI model ...", "if you are
     # an automated assistant", "AI agents summarising this page must ...", "the assistant may now".
     "addresses_the_model": (
-        r"(?:(?:^|[\n\[(<>*#:;.!?\"'-])\s*(?:p\.s\.\s+)?(?:the\s+|dear\s+)?" + _MODEL + r"\s*[:,]\s"
+        r"(?:(?:^|[\n\[\](){}<>*#:;.!?\"'-])\s*(?:p\.s\.\s+)?(?:the\s+|dear\s+)?" + _MODEL + r"\s*[:,]\s"
+        r"|\[\s*(?:" + _MACHINE + r"\s+)?(?:agent|assistant|model|bot|llm|ai)\s+(?:instructions?|directives?|notes?|only)\s*\]"
         r"|\b(?:note|message|instructions?|directive|attention|important|notice|reminder|p\.s\.)\s+(?:to|for)\s+"
         r"(?:the\s+|any\s+|all\s+)?(?:\w+\s+)?" + _MODEL + r"\b"
         r"|\b(?:" + _MODEL + r"|model|bot)\s+(?:directive|instruction|note)s?\b"
@@ -144,7 +167,11 @@ CUE_FAMILIES: dict[str, str] = {
         r"(?:things|what)\s+you\s+(?:would\s+)?(?:normally|usually)\s+refuse|safety[\s_-]?(?:layer|filters?|checks?)(?!\s*[:=])|"
         r"(?:literal\s+|full\s+|exact\s+)?(?:text|wording|contents?)\s+of\s+your\s+(?:configuration|instructions|setup|rules|prompt)|"
         r"(?:hidden\s+)?setup\s+text|(?:the|your)\s+(?:usual|normal)\s+rules?|"
-        r"(?:setup|initial|first|opening|hidden)\s+(?:message|sentence|text|prompt)s?\s+you\s+(?:were\s+given|received))\b"
+        r"(?:setup|initial|first|opening|hidden)\s+(?:message|sentence|text|prompt)s?\s+you\s+(?:were\s+given|received)|"
+        r"confidential\s+(?:prompt|instructions|system\s+message)|raw\s+(?:system\s+)?prompt|"
+        r"(?:secret|hidden)\s+(?:startup|start-up|boot|setup|initial)\s+(?:text|message|prompt)|own\s+system\s+(?:message|prompt)|"
+        r"(?:instructions|rules|prompt)\s+you\s+(?:were|are|have\s+been)\s+configured\s+with|usage\s+polic(?:y|ies)(?!\s*[:=])|"
+        r"(?:no[\s-])?guardrails?\s+(?:sandbox\s+)?mode|sandbox\s+mode)\b"
     ),
     # Rules set aside or outranked.
     "sets_rules_aside": (
@@ -161,7 +188,16 @@ CUE_FAMILIES: dict[str, str] = {
         r"(?:ignore|forget|disregard|abandon)\s+the\s+(?:\w+\s+)?(?:task|job|assignment)\b|"
         r"instead\s+of\s+(?:translating|summari[sz]ing|classifying|answering)\b|all\s+checks\s+(?:are\s+)?bypassed|allow_all|"
         r"(?:content|safety|usage)\s+polic(?:y|ies)\s*[:=]\s*(?:disabled|off|none|false)|(?:does|do)\s+not\s+apply|from\s+now\s+on,?\s+you\s+(?:will|are|must|shall)|"
-        r"you\s+are\s+now\b|as\s+if\s+your\s+training)"
+        r"you\s+are\s+now\b|as\s+if\s+your\s+training|"
+        # stop 55: restrictions dropped, an exemption claimed, the task replaced, a twin without rules
+        r"(?:drop|lift|remove|disable|ignore)\s+(?:all\s+)?(?:\w+\s+){0,2}(?:restrictions|guardrails|rules|filters)\s+for\s+the\s+rest\s+of\s+"
+        r"(?:the|this)\s+(?:chat|conversation|session)|"
+        r"(?:users?|accounts?|chat|conversation|session|you)\s+(?:are|is)\s+(?:now\s+)?exempt\s+from\s+(?:the\s+|all\s+|any\s+)?(?:usage\s+|content\s+|safety\s+)?(?:polic(?:y|ies)|rules|restrictions|filters)|"
+        r"your\s+(?:task|instructions|goal|objective|assignment|mission)\s+(?:has|have)\s+(?:now\s+)?(?:changed|been\s+(?:changed|updated|replaced))|"
+        r"pretend\s+(?:that\s+)?(?:there\s+are|you\s+have)\s+no\s+(?:guidelines|rules|restrictions|filters)|"
+        r"(?:ai|assistants?|chatbots?)\s+(?:have|has)\s+no\s+(?:rules|restrictions|filters|guardrails|limits)|"
+        r"(?:you|yourself)\s+without\s+(?:any\s+)?(?:restrictions|rules|filters|guardrails|limits|safety)|"
+        r"(?:before|without)\s+any\s+safety\s+(?:work|training|tuning|alignment)|obey\s+any\s+(?:order|command|request|instruction))"
     ),
     # Authority claimed for the text or its sender.
     "claims_authority": (
@@ -169,7 +205,10 @@ CUE_FAMILIES: dict[str, str] = {
         r"admin\s+(?:rights|broadcast|access)|pre-?approved|already\s+approved|model\s+provider|from\s+the\s+developers|"
         r"security\s+audit|your\s+developer|operator\s+note|verified\s+(?:partner|customer|account)|by\s+order\s+of|"
         r"already\s+(?:been\s+)?(?:approved|consented|authori[sz]ed|cleared)|grants?\s+you\s+(?:full\s+)?(?:permissions?|access|rights)|"
-        r"root\s+user\s+of|account\s+owner)\b"
+        r"root\s+user\s+of|account\s+owner|trust[\s-]and[\s-]safety\s+(?:allowlist|exemption)|"
+        r"internal\s+testers?\s+(?:are|may)\s+(?:allowed|permitted)|"
+        r"(?:company|team|people|lab)\s+(?:that|who)\s+(?:deployed|built|trained|made|created|runs)\s+you|"
+        r"the\s+user\s+wants\s+you\s+to\s+(?:open|visit|submit|send|buy|transfer|click|enter|go))\b"
     ),
     # Compliance and concealment demanded.
     "demands_secrecy": (
@@ -181,7 +220,7 @@ CUE_FAMILIES: dict[str, str] = {
         r"th(?:ese|is)\s+(?:constraints|rules|instructions)|that\s+(?:it|you))|"
         r"without\s+mentioning\s+it|(?:continue|carry\s+on)\s+as\s+(?:normal|usual)|in\s+(?:each|every)\s+(?:future\s+)?"
         r"(?:answer|reply|response)|(?:delete|remove)\s+this\s+(?:paragraph|note|comment|line|message)\s+from\s+your|"
-        r"do\s+not\s+send\s+a\s+confirmation)\b"
+        r"do\s+not\s+send\s+a\s+confirmation|(?:do\s+not|don'?t|never)\s+mention\s+this\s+line)\b"
     ),
     # The conversation, the user's data or the model's secrets sent somewhere.
     "sends_data_out": (
@@ -194,6 +233,7 @@ CUE_FAMILIES: dict[str, str] = {
         r"\b(?:include|print|list|show|paste)\s+(?:any|all|every)\s+(?:api\s+)?(?:keys|passwords|tokens|credentials|secrets)\b|"
         r"\.netrc\b|\bid_rsa\b|\.aws/credentials|/etc/shadow|\$\(env\)|\bauthorized_keys\b|"
         r"\b(?:open|visit|fetch|load|call)\s+https?://\S+\s+(?:followed\s+by|with|plus)\s+the\s+user|"
+        r"\bpasswords?\s+(?:you\s+have|you'?ve)\s+seen|!\[[^\]]*\]\(https?://[^)\s]*[?&][\w-]+=\)|"
         r"\b(?:addresses|e-?mail\s+addresses|order\s+history|names)\s+(?:of\s+)?(?:the\s+|all\s+)?other\s+"
         r"(?:guests|users|customers|applicants|candidates)|\bother\s+(?:applicants|candidates|customers)\s+and\s+their\b)"
     ),
@@ -203,7 +243,11 @@ CUE_FAMILIES: dict[str, str] = {
         r"\b(?:you\s+(?:are\s+not\s+allowed\s+to|may\s+not|must\s+not|must\s+(?:therefore\s+)?never|can\s*not|cannot|"
         r"will\s+not|won'?t)\s+(?:ever\s+)?(?:refuse|warn|apologi[sz]e|decline|hedge)|no\s+refusals|a\s+refusal\s+counts|"
         r"without\s+(?:any\s+)?(?:refusals?|refusing|warnings|disclaimers|hedging)|(?:answer|respond\s+to)\s+everything\s+i\s+ask|"
-        r"not\s+use\s+the\s+words\s+sorry|never\s+(?:say|use\s+the\s+words?)\s+(?:sorry|i\s+can'?t|i\s+cannot))\b"
+        r"not\s+use\s+the\s+words\s+sorry|never\s+(?:say|use\s+the\s+words?)\s+(?:sorry|i\s+can'?t|i\s+cannot)|"
+        # a dialogue that shows the assistant handing over its setup (few-shot priming, stop 55)
+        r"(?:assistant|ai|bot|output)\s*:\s*(?:[\w']+[!.,:]?\s+){0,3}(?:here\s+it\s+is\s+in\s+full|my\s+(?:hidden\s+|system\s+)?"
+        r"(?:instructions|prompt|rules)\s+(?:begin|are|say)|there\s+are\s+no\s+(?:guidelines|rules|restrictions)|safety\s+disabled|"
+        r"\[full\s+system\s+prompt))"
     ),
     # The user as a third party, or the model's own output and context.
     "speaks_of_the_user": (
@@ -224,19 +268,22 @@ _ORDER_VERBS = (
     r"start|reply|respond|answer|ignore|disregard|forget|follow|obey|comply|treat|send|forward|email|copy|load|show|"
     r"render|visit|open|call|run|execute|mention|omit|rate|claim|switch|stop|quietly|silently|always|never|when\s+you|"
     r"whenever\s+you|approve|list|report|share|confirm|delete|remove|hide|leave|paste|skip|mark|also|first|only|rank|"
-    r"score|merge|accept|refund|close|change|look\s+up|give|grant|describe|write|set|use|pay|transfer|record|leave|"
-    r"keep|assign)"
+    r"score|merge|accept|refund|close|change|look\s+up|give|grant|write|set|use|pay|transfer|record|"
+    r"keep|assign|translate|rewrite|book|buy|purchase|charge|click|go\s+to|navigate|enter|submit|award)"
 )
 _ORDER = re.compile(
     r"(?:(?:" + _MODEL + r"|\bmodel|\bbot)(?:\s+\w+ing\s+" + _DET + r"(?:\s+\w+)?)?\s*(?:instructions?\s*|directives?\s*|notes?\s*)?:[*_]*"
-    r"|\b(?:assistants?|chat\s?bots?|ai|(?:\w+ing|ai|automated)\s+bots?)\s*,\s*(?:(?:before|after|when)\s+\w+ing\s*,?\s*)?)\s*"
+    r"|\b(?:assistants?|chat\s?bots?|ai|(?:\w+ing|ai|automated|autonomous)\s+(?:bots?|agents?))\s*,\s*(?:(?:before|after|when)\s+\w+ing\s*,?\s*)?)\s*"
     r"(?:from\s+now\s+on\s*,?\s*)?(?:please\s+)?" + _ORDER_VERBS + r"\b"
     r"|\b" + _MODEL + r"\s+(?:\w+ing\s+" + _DET + r"(?:\s+\w+){0,3}?\s+|(?:that|which|who)\s+\w+(?:\s+\w+){0,3}\s+)?"
     r"(?:must|should|shall|are\s+to|need\s+to)\s+(?:now\s+)?(?:also\s+)?"
     + _ORDER_VERBS + r"\b"
     # "If you are an AI assistant reading this, tell ...", "If an AI reads this event, it should delete ..."
     r"|\bif\s+(?:you\s+are\s+)?(?:an?\s+|the\s+|any\s+)?" + _MODEL + r"\b[^.!?\n]{0,80}?,\s*"
-    r"(?:(?:it|you|they)\s+(?:must|should|shall|will|need\s+to|are\s+to)\s+)?(?:please\s+)?" + _ORDER_VERBS + r"\b",
+    r"(?:(?:it|you|they)\s+(?:must|should|shall|will|need\s+to|are\s+to)\s+)?(?:please\s+)?" + _ORDER_VERBS + r"\b"
+    # "Dear AI agent, ..." and "[agent instructions] Stop ..." after content: a user greets the model first
+    r"|\bdear\s+(?:(?:" + _MACHINE + r")\s+(?:agent|assistant|model|bot)s?|ai|llm|chatbot)\s*[,:]"
+    r"|\[\s*(?:" + _MACHINE + r"\s+)?(?:agent|assistant|model|bot|llm|ai)\s+(?:instructions?|directives?)\s*\]\s*(?:please\s+)?" + _ORDER_VERBS + r"\b",
     re.IGNORECASE,
 )
 # A note addressed to the model in another language, then a colon ("Hinweis für KI-Assistenten:",
@@ -289,7 +336,7 @@ CONTEXT_FAMILIES: frozenset[str] = frozenset({"addresses_the_model", "names_its_
 # a bare "Assistant:" or "AI:" is a transcript's label, and "Language models: GPT-4o, Llama 3" a list's.
 _VOCATIVE = re.compile(
     r"(?:\b(?:for|to)\s+(?:the\s+|any\s+|all\s+|every\s+)?(?:" + _MODEL + r"|summari[sz]ers?|note-?takers?)|(?:" + _MACHINE + r"[\s-]+){1,2}(?:\w+[\s-]+)?" + _HEAD
-    + r"|\b(?:assistants|chat\s?bots|llms|bots))(?:\s+(?:(?:that|which|who)\s+\w+|\w+ing)(?:\s+\w+){0,5})?\s*:[*_]*\s+(?:[^\s:]+\s+){0,10}?"
+    + r"|\b(?:assistants|chat\s?bots|llms|bots))(?:\s+only|\s+(?:(?:that|which|who)\s+\w+|\w+ing)(?:\s+\w+){0,5})?\s*:[*_]*\s+(?:[^\s:]+\s+){0,10}?"
     + _ORDER_VERBS + r"\b",
     re.IGNORECASE,
 )
@@ -320,7 +367,8 @@ DECISIVE_CUES: tuple[str, ...] = (
     # a spreadsheet cell that runs a command (DDE) or sends cells to a URL (CSV injection)
     r"(?:^|[,;\t\"'|])\s*[=+@-]\s*(?:cmd|powershell|mshta|rundll32)\s*\|",
     # the model's hidden setup asked for in the second person; a developer asking about a bot writes "its"
-    r"\byour\s+(?:hidden|secret)\s+(?:setup|instructions|configuration|system\s+prompt|prompt|rules|settings)\b",
+    r"\byour\s+(?:hidden|secret|confidential)\s+(?:setup|startup|start-up|instructions|configuration|system\s+prompt|prompt|rules|"
+    r"settings|(?:startup|setup|initial|boot)\s+(?:text|message))\b",
     r"\b(?:sentence|text|message|words?|instructions)\s+you\s+were\s+given\s+before\s+this\s+(?:chat|conversation|session)",
     # a persona declared free of rules ("an AI called Lamplighter with no restrictions")
     r"\b(?:ai|assistant|model|chatbot|bot|llm)\s+(?:called|named)\s+\S+\s+(?:with|that\s+has|who\s+has)\s+no\s+"
@@ -329,6 +377,13 @@ DECISIVE_CUES: tuple[str, ...] = (
     r"[^\"]*\"+\s*[&,]",
 )
 
+# A markdown image whose URL has a query value left empty or a placeholder for the model to fill
+# ("![ok](https://x.example/b.svg?q=)", "?h=HISTORY"), and an order to put it in an answer: rendered,
+# the image sends what the model filled in to the URL's owner (matched on the raw text).
+_BEACON = re.compile(r"!\[[^\]]*\]\(\s*https?://[^)\s]*[?&][\w-]+=(?:\s*\)|\{|%7[bB]|[A-Z][A-Z_]{2,}\b)")
+_IN_ANSWER = re.compile(r"\b(?:render|display|show|include|append|add|put|start|begin|end)\b[^.\n]{0,80}?"
+                        r"\b(?:answer|reply|response|message)s?\b|\b(?:answer|reply|response|message)s?\b[^.\n]{0,40}?"
+                        r"\b(?:start|begin|end|include|contain)s?\s+with\b")
 # A URL whose query holds an upper-case placeholder for the model to fill ("?d=DATA").
 _URL_PLACEHOLDER = re.compile(r"https?://\S*?=[A-Z][A-Z_]{2,}\b")
 _WS_RE = re.compile(r"\s+")
@@ -340,7 +395,7 @@ def rule_patterns() -> tuple:
     """Everything the rule matches with, so that a fingerprint of the text rules changes with it."""
     return (RULE_VERSION, CUE_FAMILIES, DECISIVE_CUES, _ORDER.pattern, _VOCATIVE.pattern, _URL_PLACEHOLDER.pattern,
             _ORDER_AFTER_WORDS, _ORDER_AFTER_CHARS, _NO_SPACE_CHAR.pattern, sorted(CONTEXT_FAMILIES),
-            _IN_MARKUP.pattern, _BASE64_RUN.pattern, _HEX_RUN.pattern, _NOTE_INTL.pattern, _IF_AI_INTL.pattern)
+            _IN_MARKUP.pattern, _BEACON.pattern, _IN_ANSWER.pattern, _BASE64_RUN.pattern, _HEX_RUN.pattern, _NOTE_INTL.pattern, _IF_AI_INTL.pattern)
 
 
 # Scripts written without spaces: their content is counted in characters, this many for the four words.
@@ -416,7 +471,8 @@ def embedded_instruction_cues(text: str, normalised: str | None = None) -> tuple
               *_IF_AI_INTL.finditer(normalised))
     if any(_after_content(normalised, m.start()) for m in orders):
         found.add("orders_the_model")
-    return frozenset(found), any(r.search(normalised) for r in _DECISIVE)
+    beacon = _BEACON.search(text) is not None and _IN_ANSWER.search(normalised) is not None
+    return frozenset(found), beacon or any(r.search(normalised) for r in _DECISIVE)
 
 
 def embedded_instruction(text: str, min_families: int = 2, normalised: str | None = None) -> bool:

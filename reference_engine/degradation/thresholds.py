@@ -80,6 +80,29 @@ DEFAULT_INJECTION_PATTERNS: tuple[str, ...] = (
     r"(?:显示|输出|告诉我)(?:你的)?系统提示",
     r"(?:이전|모든|앞의)\s*(?:지시|명령|규칙|지침)(?:을|를|은|는)?\s*(?:모두\s*)?(?:무시|잊어)",
     r"تجاهل\s+(?:جميع|كل)\s+(?:التعليمات|الأوامر)|पिछले\s+(?:सभी\s+)?निर्देशों\s+को\s+(?:भूल|अनदेखा)",
+    # Stop 55 (12-06d's misses and their neighbours): Swedish, Danish, Norwegian, Czech, Slovak, Turkish,
+    # Indonesian and Malay, Vietnamese, Finnish, Hungarian, Romanian, Greek, Hebrew, Persian; the rules
+    # forgotten, or the model's own hidden setup asked for ("your hidden instructions", "your system prompt").
+    r"\b(?:ignorera|glöm|strunta\s+i|ignorer|glem|ignorér)\s+(?:alla|alle|dina|dine|de\s+tidigare|tidigare|tidligere)\s+"
+    r"(?:\w+\s+)?(?:instruktioner|instruksjoner|instrukser|regler|regeln|anvisningar)",
+    r"\b(?:dina|dine)\s+(?:dolda|hemliga|skjulte|hemmelige)\s+(?:instruktioner|instruksjoner|regler)|\bdin\s+systemprompt",
+    r"\b(?:ignoruj(?:te)?|zapome[nň](?:te)?|ignoruj|zabudni(?:te)?)\s+(?:na\s+)?(?:všechn[ay]|všetk[ya]|svoje|své|předchozí|"
+    r"predchádzajúce)\s+(?:\w+\s+)?(?:pokyny|instrukce|pravidla|inštrukcie|pravidlá|omezení)",
+    r"\b(?:svůj|váš|tvůj|svoj)\s+(?:celý\s+)?systémový\s+prompt|\bvypínám\s+všechna\s+(?:vaše\s+|tvá\s+)?omezení",
+    r"\b(?:önceki|tüm|bütün)\s+(?:\w+\s+)?(?:talimat|kural)\w*\s+(?:\w+\s+)?(?:unut|yok\s+say|görmezden\s+gel)|"
+    r"\b(?:sana\s+verilen\s+)?gizli\s+talimat\w*|\bsistem\s+(?:istemini|talimatlarını)",
+    r"\b(?:abaikan|lupakan)\s+(?:semua|seluruh)\s+(?:\w+\s+)?(?:instruksi|aturan|batasan|perintah)|"
+    r"\b(?:semua|seluruh)\s+batasan\s+(?:\w+\s+)?(?:dimatikan|dinonaktifkan|dicabut)|\binstruksi\s+sistem\s+(?:kamu|anda|mu)\b|"
+    r"\b(?:tampilkan|tunjukkan|tuliskan)\s+(?:seluruh\s+|semua\s+)?(?:instruksi|prompt)\s+sistem",
+    r"\bbỏ\s+qua\s+(?:tất\s+cả|mọi)\s+(?:các\s+)?(?:hướng\s+dẫn|chỉ\s+dẫn|quy\s+tắc|chỉ\s+thị)|\blời\s+nhắc\s+hệ\s+thống",
+    r"\b(?:unohda|ohita)\s+(?:kaikki\s+)?(?:aiemmat\s+|edelliset\s+)?(?:ohjeet|säännöt|ohjeesi|sääntösi)|"
+    r"\bfelejtsd\s+el\s+(?:az\s+összes|minden)\s+(?:\w+\s+)?(?:utasítás|szabály)|"
+    r"\b(?:ignoră|ignora|uită)\s+(?:toate\s+)?(?:instrucțiunile|regulile)\s+(?:anterioare|de\s+mai\s+sus)|"
+    r"(?:αγνόησε|ξέχασε)\s+(?:όλες\s+)?(?:τις\s+)?(?:προηγούμενες\s+)?(?:οδηγίες|κανόνες)|"
+    r"(?:התעלם|שכח)\s+מ(?:כל\s+)?ה(?:הוראות|כללים)|(?:همه|تمام)\s+(?:دستورالعمل|قوانین|دستورات)\S*\s+(?:قبلی\s+)?را\s+(?:نادیده|فراموش)",
+    # "your system prompt" in more languages (a developer asking about prompts writes "a" or "the")
+    r"\b(?:dein(?:en)?|ihr(?:en)?)\s+systemprompt|\b(?:ton|votre)\s+(?:prompt|invite)\s+système|\bil\s+tuo\s+prompt\s+di\s+sistema|"
+    r"\bo\s+seu\s+prompt\s+(?:do|de)\s+sistema|\bje\s+systeemprompt|\btwój\s+prompt\s+systemowy|\bсвой\s+системный\s+промпт",
 )
 
 # Chat-template control strings typed as plain text. Some tokenizers map them to real
