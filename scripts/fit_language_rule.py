@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     from reference_engine.degradation import language_rule
     from reference_engine.engine import weights_digest
     from reference_engine.model_loading import resolve_model
+    from rsp_bench.records.environment import code_digest
     from rsp_bench.storage import atomic_write_json
 
     default = PruningConfig()
@@ -242,12 +243,19 @@ def main(argv: list[str] | None = None) -> int:
                   "run without --reuse-fit", file=sys.stderr)
             return 2
         stored = old["rows"]
+        # The default's damage moves with the engine's code (stop 55: the bank's rows were measured
+        # before predictor version 4), and the config above does not name the predictor.
+        if old.get("engine_code") != code_digest(("reference_engine",)):
+            print(f"warning: {reuse_from.relative_to(REPO)} was measured with engine code {old.get('engine_code')}, "
+                  f"not today's {code_digest(('reference_engine',))}; its damage may be stale (run without --reuse-fit)",
+                  file=sys.stderr)
 
     def save(rows: list[dict]) -> None:
         atomic_write_json(rows_file, {
             "what": "per plain request of the language rule's fit splits: pruning's damage at the default",
             "command": "python scripts/fit_language_rule.py" + (" --fit-more" if a.fit_more else ""), "splits": sorted({r["split"] for r in rows}),
-            "damage_tokens": DAMAGE_TOKENS, "config": config, "rows": rows})
+            "damage_tokens": DAMAGE_TOKENS, "config": config, "engine_code": code_digest(("reference_engine",)),
+            "rows": rows})
 
     fit_rows = measure_fit_rows(fit, stored, save)
     texts = {(split, x["id"]): x["text"] for split in fit for x in _items(split)}
