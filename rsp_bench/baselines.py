@@ -311,10 +311,10 @@ def load_baseline(baselines_dir: str | os.PathLike[str], record: Mapping[str, An
     spath = _legacy_full(speed_baseline_path(baselines_dir, record), record)
     quality = speed = None
     if quality_per_machine(record):
-        # Judged against every machine's figures, its own included: the same fingerprint was
-        # measured giving two sets (an AMD EPYC host without, then with AVX-512: llama.cpp's
-        # quantized kernels follow the instruction set, which the fingerprint does not name), so
-        # a machine's own file is not the only numerics it may run.
+        # Judged against every machine's figures, its own included: one fingerprint was measured
+        # giving two sets (an AMD EPYC host without, then with AVX-512: llama.cpp's quantized
+        # kernels follow the instruction set, which fingerprints made before 2026-12-06 did not
+        # name), and a machine's own file is not the only numerics a new runner may run.
         full = bool(_size_tag(record))  # each machine's file of this run's size only
         others = sorted(p for p in Path(baselines_dir).glob(f"{glob_escape(_stem(record))}__*.quality.json")
                         if p.name.endswith(".full.quality.json") == full)

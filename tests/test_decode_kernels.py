@@ -191,11 +191,12 @@ def test_native_gemv_matches_matmul():
 
 @needs_native
 def test_native_gemv_gives_each_row_the_same_bits_whatever_the_row_count():
-    """Several x rows take gemv_multi (4 weight rows against up to 4 x rows per pass over k), one
-    takes gemv_rows: the batched decode step, the verify pass and the degradation check's head
-    rely on every row coming out bit for bit as alone, so batch size never moves a token."""
+    """Several x rows take gemv_multi (AVX-512: 4 weight rows against up to 4 x rows per pass over
+    k; AVX2: 2 against 2), one takes gemv_rows: the batched decode step, the verify pass and the
+    degradation check's head rely on every row coming out bit for bit as alone, so batch size
+    never moves a token."""
     gen = torch.Generator().manual_seed(3)
-    for n, k in [(130, 33), (64, 576), (41, 16)]:  # 4-row and 16-wide tails
+    for n, k in [(130, 33), (64, 576), (41, 16), (37, 27)]:  # row tails; 16-wide, 8-wide and scalar tails
         w, x = torch.randn(n, k, generator=gen), torch.randn(13, k, generator=gen)
         alone = torch.cat([decode_native.gemv(w, x[i:i + 1], 1) for i in range(len(x))])
         for m in (2, 3, 4, 5, 8, 13):

@@ -18,6 +18,7 @@ from rsp_bench import records as rec
 from rsp_bench.baselines import (list_baselines, load_baseline, metric_scope, quality_baseline_path,
                                  speed_baseline_path, update_baseline)
 from rsp_bench.errors import RecordError
+from rsp_bench.records import environment
 from rsp_bench.records import (
     KNOWN_METRICS,
     RunRecordBuilder,
@@ -154,6 +155,26 @@ def test_fingerprint_changes_with_cpu_cores_memory_or_gpu() -> None:
     base = machine_fingerprint("EPYC", 2, 25.3, None)
     assert len({base, machine_fingerprint("Xeon", 2, 25.3, None), machine_fingerprint("EPYC", 4, 25.3, None),
                 machine_fingerprint("EPYC", 2, 64.0, None), machine_fingerprint("EPYC", 2, 25.3, "NVIDIA H200")}) == 5
+
+
+def test_cpu_description_tells_apart_generations_and_vector_units_of_one_name(tmp_path) -> None:
+    """Two "AMD EPYC" runners measured 30% apart (AVX-512 and AVX2 only): the description that the
+    fingerprint hashes carries family, model and the widest vector unit, read from the first
+    processor's block."""
+    def cpu(family: int, model: int, flags: str) -> str:
+        block = f"processor\t: 0\nmodel name\t: AMD EPYC\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t\t: {flags}\n\n"
+        path = tmp_path / f"cpuinfo-{family}-{model}-{len(flags)}"
+        path.write_text(block + block.replace("processor\t: 0", "processor\t: 1").replace("AMD EPYC", "other"))
+        return environment._cpu_model(str(path))
+
+    zen3, zen4 = cpu(25, 1, "fpu sse avx2 fma"), cpu(25, 17, "fpu sse avx2 fma avx512f avx512bw")
+    assert zen3 == "AMD EPYC (family 25, model 1, avx2)"
+    assert zen4 == "AMD EPYC (family 25, model 17, avx512)"
+    assert machine_fingerprint(zen3, 2, 25.3, None) != machine_fingerprint(zen4, 2, 25.3, None)
+    bare = tmp_path / "bare"
+    bare.write_text("Hardware\t: Some ARM board\n")
+    assert environment._cpu_model(str(bare)) == "Some ARM board"
+    assert environment._cpu_model(str(tmp_path / "missing")) not in ("", None)
 
 
 def test_machine_info_fields_validate() -> None:

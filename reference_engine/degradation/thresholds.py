@@ -98,11 +98,20 @@ DEFAULT_INJECTION_PATTERNS: tuple[str, ...] = (
     r"\b(?:unohda|ohita)\s+(?:kaikki\s+)?(?:aiemmat\s+|edelliset\s+)?(?:ohjeet|säännöt|ohjeesi|sääntösi)|"
     r"\bfelejtsd\s+el\s+(?:az\s+összes|minden)\s+(?:\w+\s+)?(?:utasítás|szabály)|"
     r"\b(?:ignoră|ignora|uită)\s+(?:toate\s+)?(?:instrucțiunile|regulile)\s+(?:anterioare|de\s+mai\s+sus)|"
-    r"(?:αγνόησε|ξέχασε)\s+(?:όλες\s+)?(?:τις\s+)?(?:προηγούμενες\s+)?(?:οδηγίες|κανόνες)|"
+    r"(?:αγνόησε|ξέχασε)\s+(?:όλ(?:ες|ους)\s+)?(?:τις\s+|τους\s+)?(?:προηγούμενες\s+|προηγούμενους\s+)?(?:οδηγίες|κανόνες)|"
     r"(?:התעלם|שכח)\s+מ(?:כל\s+)?ה(?:הוראות|כללים)|(?:همه|تمام)\s+(?:دستورالعمل|قوانین|دستورات)\S*\s+(?:قبلی\s+)?را\s+(?:نادیده|فراموش)",
     # "your system prompt" in more languages (a developer asking about prompts writes "a" or "the")
     r"\b(?:dein(?:en)?|ihr(?:en)?)\s+systemprompt|\b(?:ton|votre)\s+(?:prompt|invite)\s+système|\bil\s+tuo\s+prompt\s+di\s+sistema|"
     r"\bo\s+seu\s+prompt\s+(?:do|de)\s+sistema|\bje\s+systeemprompt|\btwój\s+prompt\s+systemowy|\bсвой\s+системный\s+промпт",
+    # Stop 56 (12-06e's and 12-06f's misses and their neighbours): "your hidden / system instructions" in the
+    # second person, filters switched off
+    r"\b(?:свої|твої|ваші)\s+(?:\w+\s+)?(?:приховані|системні|таємні|секретні)\s+(?:\w+\s+)?інструкції|"
+    r"\b(?:свои|твои|ваши)\s+(?:\w+\s+)?(?:скрытые|системные|секретные|тайные)\s+(?:\w+\s+)?инструкции",
+    r"\btus\s+instrucciones\s+(?:ocultas|secretas|del\s+sistema)|\bvos\s+instructions\s+(?:cachées|secrètes|système)|"
+    r"\bdeinen?\s+(?:versteckten|geheimen)\s+(?:anweisungen|regeln|instruktionen)|\ble\s+tue\s+istruzioni\s+(?:nascoste|segrete|di\s+sistema)|"
+    r"\b(?:suas|tuas)\s+instruções\s+(?:ocultas|secretas|do\s+sistema)",
+    r"κρυφ\w*\s+οδηγ\w*\s+που\s+σου|\b(?:afișează|arată|scrie)\s+(?:\w+\s+)?instrucțiunile\s+(?:de\s+)?sistem|"
+    r"\bdezactivat\s+filtrele\s+(?:tale|voastre)|\barahan\s+sistem\s+(?:anda|kamu|awak)\b",
 )
 
 # Chat-template control strings typed as plain text. Some tokenizers map them to real
