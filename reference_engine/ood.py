@@ -34,7 +34,7 @@ normal part. Held-out generated classes are never seen by the fit. Hidden-state 
 outside the calibrated band (x/÷ ``NORM_SLACK``) score +inf: no ordinary input does that.
 
 Must NOT import ``rsp_bench``. Imports torch, the engine's model module, calibration's atomic write,
-``degradation.request_words`` and (lazily, when it is built) the native kernel's GEMV only.
+``degradation.request_words``, ``degradation.instruction_probe`` and (lazily, when it is built) the native kernel's GEMV only.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ import torch.nn.functional as F
 
 from .calibration import atomic_write
 from .degradation import request_words
+from .degradation.instruction_probe import InstructionProbe, fit_logistic
 from .model import KVCache, ModelWeights, prefill, rms_norm
 
 OOD_VERSION = 2
@@ -230,7 +231,8 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
           byte_ids: frozenset[int] = frozenset(),
           request_tokens: Callable[[], list[int] | None] | None = None,
           scored: tuple[np.ndarray, np.ndarray] | None = None,
-          plain_margin: Callable[[PromptStats], float] | None = None, min_coverage: float = 1.0) -> str | None:
+          plain_margin: Callable[[PromptStats], float] | None = None, min_coverage: float = 1.0,
+          probe: InstructionProbe | None = None) -> str | None:
     """The degradation reason for one prefilled prompt (None: prune). The score judges the whole
     content; a whole that looks odd is judged again on its request words alone
     (``degradation.request_words``), and a request that reads as ordinary language is a request
@@ -241,22 +243,33 @@ def judge(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], r
     vocabulary takes about a second, once per engine). ``scored``: as for ``prompt_stats``.
     ``plain_margin`` (``degradation.language_rule``, asked only here, with the whole's stats): a
     plain request in a language that pruning spares as it spares English, whose request words are
-    at least ``min_coverage`` of its content, is odd only above the threshold plus that margin."""
+    at least ``min_coverage`` of its content, is odd only above the threshold plus that margin.
+    ``probe`` (``degradation.instruction_probe``): a prompt the score passes or excuses is still
+    degraded when the probe reads it as instructions addressed to the model."""
     whole = prompt_stats(w, hidden, row, offset, ids, lo, hi, n_chars, byte_ids, scored)
     reason = det.reason(whole)
-    if reason != "ood_score":
-        return reason
+    if reason is None or reason == "ood_score" and _excused(det, w, hidden, row, offset, ids, lo, hi, whole, pieces,
+                                                             byte_ids, request_tokens, plain_margin, min_coverage):
+        return "instruction_probe" if probe is not None and probe.fires(whole.pooled) else None
+    return reason
+
+
+def _excused(det: "OODDetector", w: ModelWeights, hidden: Sequence[torch.Tensor], row: int, offset: int,
+             ids: Sequence[int], lo: int, hi: int, whole: PromptStats, pieces: Callable[[], request_words.Pieces],
+             byte_ids: frozenset[int], request_tokens: Callable[[], list[int] | None] | None,
+             plain_margin: Callable[[PromptStats], float] | None, min_coverage: float) -> bool:
+    """Whether a whole the score finds odd is a request carrying data or a plain request in a
+    language pruning spares (``judge``)."""
     table = pieces()
     words = request_tokens() if request_tokens is not None else None
     if words is None:
         words = request_words.request_tokens(ids, max(lo, 1), hi, table.classes)
     words = [i for i in words if max(lo, 1) <= i < hi]
     if words and det.score(subset_stats(w, hidden, row, offset, ids, words, whole, table, byte_ids)) <= det.threshold:
-        return None
+        return True
     margin = plain_margin(whole) if plain_margin is not None else 0.0
-    if margin > 0 and len(words) >= min_coverage * max(1, hi - max(lo, 1)) and det.score(whole) <= det.threshold + margin:
-        return None  # a plain request in a language pruning does not hurt more than English
-    return reason
+    # a plain request in a language pruning does not hurt more than English
+    return margin > 0 and len(words) >= min_coverage * max(1, hi - max(lo, 1)) and det.score(whole) <= det.threshold + margin
 
 
 def _token_features(s: PromptStats, high_loss_q: float) -> np.ndarray:
@@ -336,22 +349,6 @@ class OODDetector:
         return "ood_score" if self._score_inside_band(s) > self.threshold else None
 
 
-def _logistic(A: np.ndarray, y: np.ndarray, wts: np.ndarray, ridge: float) -> np.ndarray:
-    """Weighted ridge logistic regression by Newton's method (bias unpenalised)."""
-    A1 = np.c_[A, np.ones(len(A))]
-    w = np.zeros(A1.shape[1])
-    pen = np.r_[np.full(A.shape[1], ridge), 0.0]
-    for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(-np.clip(A1 @ w, -30, 30)))
-        g = A1.T @ (wts * (p - y)) + pen * w
-        H = (A1 * (wts * p * (1 - p))[:, None]).T @ A1 + np.diag(pen) + 1e-9 * np.eye(len(w))
-        step = np.linalg.solve(H, g)
-        w -= step
-        if np.abs(step).max() < 1e-8:
-            break
-    return w
-
-
 def fit(calib: Sequence[PromptStats], odd: Sequence[PromptStats], heldout: Sequence[PromptStats], n_layers: int,
         target_far: float = DEFAULT_TARGET_FAR) -> OODDetector:
     """Fit on normal ``calib`` against generated ``odd`` text (tuning classes only); choose the
@@ -374,7 +371,7 @@ def fit(calib: Sequence[PromptStats], odd: Sequence[PromptStats], heldout: Seque
     A = (np.vstack([Xc, Xo]) - det.mu) / det.sd
     y = np.r_[np.zeros(len(Xc)), np.ones(len(Xo))]
     wts = np.r_[np.full(len(Xc), 0.5 / len(Xc)), np.full(len(Xo), 0.5 / len(Xo))]  # classes weigh the same
-    det.weights = _logistic(A, y, wts, RIDGE)
+    det.weights = fit_logistic(A, y, wts, RIDGE)
     held = np.array([det.score(s) for s in heldout])
     det.threshold = float(np.quantile(held, 1.0 - target_far, method="higher"))
     det.info = {"n_calibration": len(calib), "n_odd_tuning": len(odd), "n_heldout": len(heldout),

@@ -2,7 +2,7 @@
 before its first decode step, the text rules and the model-level score (``ood.py``) judge each
 prompt from the prefill's own hidden states, and the score's loss and entropy rows go through the
 output matrix in the same pass as the prompt's last-position logits; plus the detector's
-per-weights artefacts (the fitted score, the chat template's ends, the vocabulary's pieces), the
+per-weights artefacts (the fitted score, the instruction probe, the chat template's ends, the vocabulary's pieces), the
 request rule's words (``degradation.request_words``), the fallback checks for weights with no
 fitted score, and the suspension used to measure what a detector's errors cost.
 
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from . import calibration as calib_mod
 from . import degradation, ood
+from .degradation import instruction_probe as probe_mod
 from .degradation import language_rule as lang_rule
 from .degradation import request_words
 from .generation import PromptRow
@@ -78,7 +79,7 @@ class ProtectiveDegradation:
                                self._pieces, self._byte_ids(),
                                lambda r=r, lo=lo, hi=hi: self._request_tokens(r.prompt, r.ids, lo, hi), nll_ent,
                                (lambda stats, r=r: rule.margin_for(r.prompt, stats.pooled)) if rule else None,
-                               rule.min_coverage if rule else 1.0)
+                               rule.min_coverage if rule else 1.0, self.instruction_probe())
             r.degraded_reason = r.degraded_reason or reason
         return logits
 
@@ -152,12 +153,24 @@ class ProtectiveDegradation:
             self._language_rule_file = found[1].name if found is not None else None
         return self._language_rule or None
 
+    def instruction_probe(self) -> probe_mod.InstructionProbe | None:
+        """The instruction probe for these weights (``degradation.instruction_probe``): packaged
+        copy, else cache, else None (the probe does not run; ``detector_info`` says so)."""
+        if getattr(self, "_instruction_probe", None) is None:
+            found = self._per_weights_file(probe_mod.probe_path, probe_mod.load)
+            self._instruction_probe = found[0] if found is not None else False
+            self._instruction_probe_file = found[1].name if found is not None else None
+        return self._instruction_probe or None
+
     def detector_info(self) -> dict:
         """Which protective-degradation detector runs for these weights (``ood.describe``), which
-        language rule (its file, or None) and which text rules (``degradation.text_rules_fingerprint``)."""
+        language rule and instruction probe (their files, or None) and which text rules
+        (``degradation.text_rules_fingerprint``)."""
         self.ood_detector()
         self.language_rule()
+        self.instruction_probe()
         return {**self._detector, "language_rule": self._language_rule_file,
+                "instruction_probe": self._instruction_probe_file,
                 "text_rules": degradation.text_rules_fingerprint()}
 
     def _template_ends(self) -> tuple[list[int], list[int]]:

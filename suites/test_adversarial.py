@@ -288,6 +288,8 @@ def test_the_packaged_detector_is_the_one_that_ran(rsp_engine: Any, rsp_options:
     if rsp_options.model is None:
         assert info["detector"].startswith("ood_score/") and info["packaged"], (
             f"the embedded weights ship a model-level score in reference_engine/data/calibration, but {info} ran")
+        assert info["instruction_probe"] and info["language_rule"], (
+            f"the embedded weights ship an instruction probe and a language rule, but {info} ran")
 
 
 # --------------------------------------------------------------------------- engine batches

@@ -148,7 +148,7 @@ def test_without_a_score_the_fallback_is_named_in_stats_and_warned_once(tiny_eng
         engine.generate(["And three lakes."], max_new_tokens=2, config=lossy)
     assert res.stats["detector"] == ood.FALLBACK
     assert engine.detector_info() == {"detector": ood.FALLBACK, "version": None, "file": None, "sha256": None,
-                                      "packaged": False, "language_rule": None,
+                                      "packaged": False, "language_rule": None, "instruction_probe": None,
                                       "text_rules": text_rules_fingerprint()}
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and ood.FALLBACK in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]

@@ -72,6 +72,18 @@ int rsp_openmp(void) {
 #endif
 }
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* The AVX2 reduction of a dot product's two accumulators; dot_rows and dot_tile2 share it, so
+ * that the tile's sums are the one-row loop's bits. */
+static inline float hsum_pair(__m256 a, __m256 b) {
+    a = _mm256_add_ps(a, b);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
 /* dot products of rows W[n..n+R) (R <= 4) with x, length K */
 static inline void dot_rows(const float *W, int64_t K, int R, const float *x, float *out) {
 #if defined(__AVX512F__)
@@ -123,11 +135,7 @@ static inline void dot_rows(const float *W, int64_t K, int R, const float *x, fl
         }
         for (; k + 8 <= K; k += 8)
             a = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a);
-        a = _mm256_add_ps(a, b);
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        float t = _mm_cvtss_f32(s);
+        float t = hsum_pair(a, b);
         for (; k < K; k++) t += w[k] * x[k];
         out[r] = t;
     }
@@ -209,14 +217,6 @@ static inline __attribute__((always_inline)) void dot_multi(const float *W, int6
  * row of the 49152 x 576 head on the 2-core AVX2 EPYC); this tile has eight chains and loads each
  * weight vector once for both x rows. Each (row, x) pair keeps dot_rows's two accumulators, its
  * k order, its tail and its reduction, so every output is bit-identical to gemv_rows's. */
-static inline float hsum_pair(__m256 a, __m256 b) {
-    a = _mm256_add_ps(a, b);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
 static inline __attribute__((always_inline)) void dot_tile2(const float *W, int64_t K, const float *x, int64_t xs,
                                                             const int NB, float *o /* [2][2] */) {
     __m256 a[2][2], b[2][2];

@@ -34,6 +34,9 @@ Layout (one concept per module; this package re-exports the public names):
   detector_calibration  DetectorCalibration, what the model-level checks compare against
   request_words         which tokens of a prompt are a request in words (the request rule's
                         first half; ``ood.judge`` is the other), not re-exported
+  language_rule         which plain requests in other languages pruning spares, not re-exported
+  instruction_probe     instructions addressed to the model read from the pooled hidden states
+                        (a logistic probe; ``ood.judge`` runs it), not re-exported
 
 The model-level out-of-distribution score that catches what no character rule lists (random
 and machine-made text, stacked combining marks) is ``reference_engine.ood``; the mean-loss and
@@ -41,7 +44,8 @@ norm checks here stand in for it only for weights that have no fitted score.
 
 Imports go one way (reasons, thresholds, chars, model_checks import none of the others;
 scan imports chars; text_rules imports chars, scan, thresholds; detector_calibration imports
-model_checks; request_words imports none); none imports this package's ``__init__``.
+model_checks; request_words and instruction_probe import none; language_rule imports chars);
+none imports this package's ``__init__``.
 """
 
 from __future__ import annotations
@@ -52,16 +56,17 @@ from .detector_calibration import DetectorCalibration
 from .embedded_instructions import rule_patterns
 from .model_checks import loss_anomaly_reason, norm_anomaly_reason, router_instability_reason
 from .reasons import REASONS, first_reason
-from .text_rules import text_anomaly_reason, text_anomaly_reasons
+from .text_rules import special_token_patterns, text_anomaly_reason, text_anomaly_reasons
 from .thresholds import DEFAULT_INJECTION_PATTERNS, DEFAULT_SPECIAL_TOKEN_PATTERNS, TextThresholds
 
 
 def text_rules_fingerprint(thresholds: TextThresholds = TextThresholds()) -> str:
     """A short fingerprint of the text rules that run: the reasons they can give and every
-    threshold, and the embedded-instruction rule's patterns. A report or record carrying it says
+    threshold, the embedded-instruction rule's patterns and what tells a named special token from
+    a used one. A report or record carrying it says
     which rule set judged its prompts (the rules change between stops; the packaged score's file
     name does not)."""
-    return hashlib.sha256(repr((REASONS, thresholds, rule_patterns())).encode()).hexdigest()[:12]
+    return hashlib.sha256(repr((REASONS, thresholds, rule_patterns(), special_token_patterns())).encode()).hexdigest()[:12]
 
 
 __all__ = [

@@ -490,7 +490,8 @@ def rule_patterns() -> tuple:
     """Everything the rule matches with, so that a fingerprint of the text rules changes with it."""
     return (RULE_VERSION, CUE_FAMILIES, DECISIVE_CUES, _WHOLE.pattern, _ORDER.pattern, _VOCATIVE.pattern, _URL_PLACEHOLDER.pattern,
             _ORDER_AFTER_WORDS, _ORDER_AFTER_CHARS, _NO_SPACE_CHAR.pattern, sorted(CONTEXT_FAMILIES),
-            _IN_MARKUP.pattern, _BEACON.pattern, _IN_ANSWER.pattern, _BASE64_RUN.pattern, _HEX_RUN.pattern, _NOTE_INTL.pattern, _IF_AI_INTL.pattern)
+            _IN_MARKUP.pattern, _BEACON.pattern, _IN_ANSWER.pattern, _BASE64_RUN.pattern, _HEX_RUN.pattern, _NOTE_INTL.pattern, _IF_AI_INTL.pattern,
+            _SENTENCE_END.pattern)
 
 
 # Scripts written without spaces: their content is counted in characters, this many for the four words.

@@ -36,6 +36,7 @@ REASONS: tuple[str, ...] = (
     "prompt_injection",
     "embedded_instruction",
     "ood_score",
+    "instruction_probe",
     "prompt_loss",
     "hidden_norm",
     "router_unstable",

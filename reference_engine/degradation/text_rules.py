@@ -117,6 +117,40 @@ def _in_hex_literal(text: str, start: int) -> bool:
     return j >= 2 and text[j - 2: j] in ("0x", "0X")
 
 
+# What follows a special token that opens a turn: a role's name. "<|im_start|>system" forges a
+# turn; "<|im_end|>, which the tokenizer maps to 32001" names a token.
+_ROLE_AFTER_RE = re.compile(r"\s*(?:system|user|assistant|model|tool|developer|ipython)\b", re.IGNORECASE)
+_WORD_BEFORE_RE = re.compile(r"[^\W\d_]{2,}")
+_SPECIAL_SHAPE_RE = re.compile(r"<\|[a-z_]+\|>|<[a-z_]+>|\[/?[A-Z_]+\]|<</?[A-Z]+>>", re.IGNORECASE)
+# Tokens that open a turn or a header by themselves ("[INST]", "<|user|>", "<start_of_turn>"):
+# used inline, they forge one; only quoting names them.
+_OPENS_TURN_RE = re.compile(r"start|begin|\[inst|<<sys|system|user|assistant|message|channel|call|constrain|python",
+                            re.IGNORECASE)
+
+
+def special_token_patterns() -> tuple[str, ...]:
+    """What ``special_token_named`` matches with, for the text rules' fingerprint."""
+    return (_ROLE_AFTER_RE.pattern, _WORD_BEFORE_RE.pattern, _SPECIAL_SHAPE_RE.pattern, _OPENS_TURN_RE.pattern)
+
+
+def special_token_named(text: str, start: int, end: int) -> bool:
+    """True when the special token at ``text[start:end]`` is named, not used: inside a quoted
+    string or inline code on its line (a JSON value, a config dump, a question quoting it), or
+    inline in prose (a word before it on its line) when it closes a turn (an end-of-turn or
+    end-of-text token), no role name follows it and no other token touches it. A token that opens
+    a turn, opens a line, is followed by a role or sits in a run of tokens forges a turn (stop 57:
+    data requests about generation configs and tokenizers degraded on a token named in a sentence or
+    a JSON string; a pasted rendered template, turns opening lines, still fires)."""
+    a = text.rfind("\n", 0, start) + 1
+    before = text[a:start]
+    if before.replace('\\"', "").count('"') % 2 == 1 or before.count("`") % 2 == 1:
+        return True
+    if (_OPENS_TURN_RE.search(text, start, end) or _ROLE_AFTER_RE.match(text, end)
+            or not _WORD_BEFORE_RE.search(before)):
+        return False
+    return not (_SPECIAL_SHAPE_RE.match(text, end) or before.rstrip().endswith((">", "]")))
+
+
 # A UTF-8 lead byte's character (Â-ô) followed by what its continuation bytes become when read as
 # Windows-1252 (0x80-0xBF: the cp1252 punctuation and €, then Latin-1's NBSP-¿).
 _MOJIBAKE_RE = re.compile(
@@ -232,7 +266,8 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
     if not text.isascii() and even_letters(scanned, t.even_letters_min, t.even_letters_effective) is not None:
         yield "even_letters"
     injection_res, special_res = t._compiled
-    if special_res and any(r.search(scanned) for r in special_res):
+    if special_res and any(not special_token_named(scanned, m.start(), m.end())
+                           for r in special_res for m in r.finditer(scanned)):
         yield "special_token_text"
     if not (injection_res or t.embedded_min_families):
         return

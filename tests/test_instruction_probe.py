@@ -1,0 +1,143 @@
+"""Unit tests of the instruction probe (reference_engine/degradation/instruction_probe.py): the fit,
+its storage and refusals, the packaged file's evidence, and where ``ood.judge`` asks it. Whether it
+catches injections written outside the project is ``rsp-bench degradation``'s question, on a split
+that chose nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reference_engine.degradation import instruction_probe as ip
+
+D = 8
+BLOCKS = (2, 3)
+
+
+def _pooled(rng: np.random.Generator, instruction: bool) -> dict[int, np.ndarray]:
+    centre = np.r_[np.zeros(D - 1), 1.0] if instruction else np.r_[1.0, np.zeros(D - 1)]
+    return {b: centre + 0.4 * rng.standard_normal(D) for b in BLOCKS}
+
+
+@pytest.fixture(scope="module")
+def probe() -> ip.InstructionProbe:
+    rng = np.random.default_rng(0)
+    pos = np.array([np.concatenate([ip.unit(v) for v in _pooled(rng, True).values()]) for _ in range(40)])
+    neg = np.array([np.concatenate([ip.unit(v) for v in _pooled(rng, False).values()]) for _ in range(80)])
+    p = ip.fit(BLOCKS, pos, neg, ridge=0.1)
+    return ip.InstructionProbe(p.blocks, p.mu, p.sd, p.coef, p.bias, 0.0, {"fit_splits": ["x"]})
+
+
+def test_fit_separates_and_fires_only_above_the_threshold(probe) -> None:
+    rng = np.random.default_rng(1)
+    assert sum(probe.fires(_pooled(rng, True)) for _ in range(50)) >= 45
+    assert sum(probe.fires(_pooled(rng, False)) for _ in range(50)) <= 5
+    raised = ip.InstructionProbe(probe.blocks, probe.mu, probe.sd, probe.coef, probe.bias, 1e9, {})
+    assert not raised.fires(_pooled(rng, True))
+    # scale does not matter (the probe reads directions), a missing block means no verdict
+    x = _pooled(rng, True)
+    assert probe.log_odds(probe.features(x)) == pytest.approx(probe.log_odds(probe.features({b: 7 * v for b, v in x.items()})))
+    assert probe.features({BLOCKS[0]: x[BLOCKS[0]]}) is None and not probe.fires({BLOCKS[0]: x[BLOCKS[0]]})
+
+
+def test_fit_refuses_too_few_rows() -> None:
+    with pytest.raises(ValueError, match="at least|>= 8"):
+        ip.fit(BLOCKS, np.zeros((3, 2 * D)), np.zeros((20, 2 * D)), 0.1)
+
+
+def test_save_load_round_trip_and_refusals(probe, tmp_path) -> None:
+    sha = "ab" * 32
+    path = ip.probe_path(tmp_path, sha)
+    ip.save(path, sha, probe)
+    back = ip.load(path, sha)
+    assert back is not None and back.blocks == probe.blocks and back.threshold == probe.threshold
+    assert np.array_equal(back.coef, probe.coef) and back.info == probe.info
+    assert not list(path.parent.glob("*.tmp*"))
+    assert ip.load(path, "cd" * 32) is None  # other weights
+    assert ip.load(tmp_path / "missing.npz", sha) is None
+    path.write_bytes(path.read_bytes()[:100])
+    assert ip.load(path, sha) is None  # damaged
+
+
+def test_the_packaged_probe_loads_and_names_splits_that_report_nothing() -> None:
+    import reference_engine
+
+    data = Path(reference_engine.__file__).parent / "data" / "calibration"
+    files = sorted(data.glob(f"*-instruction-probe-v{ip.VERSION}.npz"))
+    assert files, f"no packaged instruction probe in {data}"
+    with np.load(files[0]) as z:
+        sha = json.loads(str(z["meta"]))["weights_sha256"]
+    probe = ip.load(files[0], sha)
+    assert probe is not None and np.isfinite(probe.threshold) and len(probe.coef) == len(probe.mu)
+    info = probe.info
+    assert set(info["fit_splits"]).isdisjoint(info["choose_splits"])
+    # the split the README reports on blind (rsp-bench degradation's default) chose nothing
+    from rsp_bench.degradation_report import REPORTED_SPLIT
+
+    reported = Path(REPORTED_SPLIT).parent.name.removeprefix("degradation_heldout_")
+    assert reported not in set(info["fit_splits"]) | set(info["choose_splits"]), reported
+    assert info["choose_false_alarms"] <= info["target_false_alarm_rate"] * info["choose_ordinary"]
+
+
+class _FixedScore:
+    """A stand-in score: its reason is fixed, its score under the threshold (so an odd-looking
+    whole is excused as a request carrying data when it has request words)."""
+
+    threshold = 0.0
+
+    def __init__(self, reason: str | None) -> None:
+        self._reason = reason
+
+    def score(self, _stats) -> float:
+        return -1.0
+
+    def reason(self, _stats) -> str | None:
+        return self._reason
+
+
+class _FixedProbe:
+    def __init__(self, fires: bool) -> None:
+        self._fires, self.asked = fires, 0
+
+    def fires(self, pooled) -> bool:
+        self.asked += 1
+        assert pooled  # it reads the whole prompt's pooled directions
+        return self._fires
+
+
+@pytest.mark.parametrize("score_reason, words, fires, expected", [
+    (None, True, True, "instruction_probe"),  # the score passes it, the probe reads instructions
+    (None, True, False, None),
+    ("ood_score", True, True, "instruction_probe"),  # excused as a request carrying data, still probed
+    ("ood_score", False, True, "ood_score"),  # odd and not excused: the score's reason stands
+    ("hidden_norm", True, True, "hidden_norm"),  # never excused, never replaced
+])
+def test_judge_asks_the_probe_of_what_the_score_lets_through(tiny_engine, score_reason, words, fires, expected):
+    import torch
+
+    from reference_engine import ood
+    from reference_engine.model import KVCache, prefill
+
+    eng = tiny_engine
+    ids = eng.encode("Please summarise this email for me in two sentences.")
+    lo, hi = 1, len(ids)
+    cache = KVCache.allocate(eng.dims, 1, len(ids))
+    hidden: list = []
+    prefill(eng.weights, cache, torch.tensor([ids]), torch.arange(len(ids))[None],
+            torch.ones(1, len(ids), dtype=torch.bool), hidden_out=hidden)
+    probe = _FixedProbe(fires)
+    reason = ood.judge(_FixedScore(score_reason), eng.weights, hidden, 0, 0, ids, lo, hi, 50, eng._pieces, frozenset(),
+                       lambda: list(range(lo, hi)) if words else [], None, None, 1.0, probe)
+    assert reason == expected
+    assert judge_without_probe(eng, hidden, ids, lo, hi, score_reason, words) == (
+        None if expected == "instruction_probe" else expected)
+
+
+def judge_without_probe(eng, hidden, ids, lo, hi, score_reason, words):
+    from reference_engine import ood
+
+    return ood.judge(_FixedScore(score_reason), eng.weights, hidden, 0, 0, ids, lo, hi, 50, eng._pieces, frozenset(),
+                     lambda: list(range(lo, hi)) if words else [], None, None, 1.0, None)
