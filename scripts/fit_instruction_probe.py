@@ -7,8 +7,8 @@ after this file's splits were chosen, reports once):
   FIT splits, against their ordinary requests (data requests, plain English, plain requests in other
   languages) and the normal corpus' calibration part;
 - choose: the ridge and the threshold, on the CHOOSE splits' injections and their whole ordinary
-  side with the normal corpus' held-out part: the largest share of injections caught (or by the
-  probe or the text rules) with false alarms at most ``--target-far`` on that ordinary side and at
+  side with the normal corpus' held-out part: the most injections caught by the probe or the
+  text rules together, with false alarms at most ``--target-far`` on that ordinary side and at
   most twice it in each of its groups;
 - the file names the splits, the counts and the choice.
 
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         p = probe_mod.fit(blocks, pos, neg, ridge)
         s_ord, s_inj = p.log_odds(c_ord), p.log_odds(c_inj)
         # the lowest threshold whose false alarms stay within the budget, overall and per group
+        ok = float(np.max(s_ord))  # no false alarm at all
         for thr in np.sort(s_ord)[::-1]:
             fa = s_ord > thr
             if fa.mean() > a.target_far or any(fa[c_group == g].mean() > 2 * a.target_far for g in set(c_group)):
