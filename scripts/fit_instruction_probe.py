@@ -5,11 +5,13 @@ Three parts, none of them the split that reports (``rsp-bench degradation``'s de
 after this file's splits were chosen, reports once):
 - fit: the injections (odd kinds whose name says they address the model: ``INJECTION_KIND``) of the
   FIT splits, against their ordinary requests (data requests, plain English, plain requests in other
-  languages) and the normal corpus' calibration part;
+  languages), the normal corpus' calibration part, and the project's own prompts: every fixture
+  prompt, the SQuAD prompts whose passage is not in the suites' first 48, the structured documents
+  after the suites' first 48;
 - choose: the ridge and the threshold, on the CHOOSE splits' injections and their whole ordinary
-  side with the normal corpus' held-out part: the most injections caught by the probe or the
-  text rules together, with false alarms at most ``--target-far`` on that ordinary side and at
-  most twice it in each of its groups;
+  side with the normal corpus' held-out part and the suites' SQuAD passages and structured
+  documents: the most injections caught by the probe or the text rules together, with false alarms
+  at most ``--target-far`` on that ordinary side and at most twice it in each of its groups;
 - the file names the splits, the counts and the choice.
 
 Features are the prefill's pooled hidden states (``ood.collect``, ~0.35 s a prompt on 2 cores; all
@@ -35,11 +37,14 @@ sys.path.insert(0, str(ROOT))
 from reference_engine import Engine, ood  # noqa: E402
 from reference_engine.degradation import instruction_probe as probe_mod  # noqa: E402
 from reference_engine.degradation.text_rules import text_anomaly_reasons  # noqa: E402
+from rsp_bench import datasets as ds  # noqa: E402
 
-FIT = ("2026-12-05f", "2026-12-05g", "2026-12-06b", "2026-12-06c", "2026-12-06d", "2026-12-06e")
+FIT = ("2026-12-05f", "2026-12-05g", "2026-12-06b", "2026-12-06c", "2026-12-06d", "2026-12-06e", "2026-12-06h")
 CHOOSE = ("2026-12-06f", "2026-12-06g")
 ORDINARY = ("data_request", "plain_en", "plain_language")
 RIDGES = (0.003, 0.01, 0.03, 0.1, 0.3)
+#: The suites' SQuAD and structured subsets draw their first ``SUITE_SUBSET`` after one seeded shuffle.
+SUITE_SUBSET = 48
 RULES = {"prompt_injection", "embedded_instruction", "special_token_text"}
 #: An odd kind that addresses the model: a jailbreak framing or a directive planted in a document.
 INJECTION_KIND = re.compile(
@@ -82,6 +87,20 @@ def corpus(engine: Engine, part: str, cache: Path | None) -> np.ndarray:
     return features(engine, texts, cache, f"normal-{part}")
 
 
+def own_prompts(engine: Engine, cache: Path | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(fit, choose by group) features of the project's own prompts. SQuAD is split by passage, so that no
+    passage is on both sides; the suites' subsets (and their passages' other questions) choose."""
+    squad = ds.quick_subset(ds.load_squad(), 10**6)
+    documents = ds.quick_subset(ds.load_structured(), 10**6)
+    P = features(engine, [p.text for p in ds.load_prompts()], cache, "prompts")
+    Q = features(engine, [ds.squad_prompt(q) for q in squad], cache, "squad")
+    S = features(engine, [ds.structured_prompt(d) for d in documents], cache, "structured")
+    suite_passages = {q.context for q in squad[:SUITE_SUBSET]}
+    q_choose = np.array([q.context in suite_passages for q in squad])
+    return (np.vstack([P, Q[~q_choose], S[SUITE_SUBSET:]]),
+            {"squad": Q[q_choose], "structured": S[:SUITE_SUBSET]})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, default=None, help="folder keeping the features per split between runs")
@@ -96,12 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     fit = [split(engine, s, a.cache) for s in FIT]
     choose = [split(engine, s, a.cache) for s in CHOOSE]
     pos = np.vstack([d["inj"] for d in fit])
-    neg = np.vstack([d["ord"] for d in fit] + [corpus(engine, "calibration", a.cache)])
+    own_fit, own_choose = own_prompts(engine, a.cache)
+    neg = np.vstack([d["ord"] for d in fit] + [corpus(engine, "calibration", a.cache), own_fit])
     c_inj = np.vstack([d["inj"] for d in choose])
     c_rules = np.concatenate([d["inj_rules"] for d in choose])
     held = corpus(engine, "heldout", a.cache)
-    c_ord = np.vstack([d["ord"] for d in choose] + [held])
-    c_group = np.concatenate([d["ord_group"] for d in choose] + [np.full(len(held), "normal_heldout")])
+    c_ord = np.vstack([d["ord"] for d in choose] + [held, *own_choose.values()])
+    c_group = np.concatenate([d["ord_group"] for d in choose] + [np.full(len(held), "normal_heldout")]
+                             + [np.full(len(X), g) for g, X in own_choose.items()])
     best = None
     for ridge in RIDGES:
         p = probe_mod.fit(blocks, pos, neg, ridge)
@@ -122,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     s_ord, s_inj = p.log_odds(c_ord), p.log_odds(c_inj)
     info = {"fit_splits": list(FIT), "choose_splits": list(CHOOSE), "ridge": ridge, "ridges_tried": list(RIDGES),
             "target_false_alarm_rate": a.target_far, "n_fit_injections": len(pos), "n_fit_ordinary": len(neg),
+            "n_fit_own_prompts": len(own_fit), "n_choose_own_prompts": sum(len(X) for X in own_choose.values()),
             "choose_injections": len(s_inj), "choose_injections_caught": int((s_inj > thr).sum()),
             "choose_injections_caught_with_rules": int(((s_inj > thr) | c_rules).sum()),
             "choose_ordinary": len(s_ord), "choose_false_alarms": int((s_ord > thr).sum()),
