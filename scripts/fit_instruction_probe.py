@@ -101,6 +101,22 @@ def own_prompts(engine: Engine, cache: Path | None) -> tuple[np.ndarray, dict[st
             {"squad": Q[q_choose], "structured": S[:SUITE_SUBSET]})
 
 
+def threshold(s_ord: np.ndarray, group: np.ndarray, target_far: float) -> float:
+    """The lowest threshold whose false alarms stay within the budget, overall and in each group
+    (twice the overall), set halfway between the highest ordinary score that must not fire and the
+    lowest that may: a threshold equal to an ordinary prompt's own score would flip on the last bit
+    of a feature computed in another process."""
+    desc = np.sort(s_ord)[::-1]
+    k = 0  # ordinary scores allowed over the threshold
+    while k < len(desc) - 1:
+        fa = s_ord >= desc[k]
+        if fa.mean() > target_far or any(fa[group == g].mean() > 2 * target_far for g in set(group)):
+            break
+        k += 1
+    upper = desc[k - 1] if k else desc[0] + (desc[0] - desc[1])  # no false alarm: as far above the top
+    return float((desc[k] + upper) / 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, default=None, help="folder keeping the features per split between runs")
@@ -127,13 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     for ridge in RIDGES:
         p = probe_mod.fit(blocks, pos, neg, ridge)
         s_ord, s_inj = p.log_odds(c_ord), p.log_odds(c_inj)
-        # the lowest threshold whose false alarms stay within the budget, overall and per group
-        ok = float(np.max(s_ord))  # no false alarm at all
-        for thr in np.sort(s_ord)[::-1]:
-            fa = s_ord > thr
-            if fa.mean() > a.target_far or any(fa[c_group == g].mean() > 2 * a.target_far for g in set(c_group)):
-                break
-            ok = thr
+        ok = threshold(s_ord, c_group, a.target_far)
         caught = (s_inj > ok) | c_rules
         print(f"ridge {ridge}: threshold {ok:.3f}, false alarms {(s_ord > ok).sum()}/{len(s_ord)}, injections "
               f"{(s_inj > ok).sum()}/{len(s_inj)} (with the rules {caught.sum()})", flush=True)

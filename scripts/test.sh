@@ -10,7 +10,7 @@ started=$(date +%s)
 bash scripts/bootstrap.sh
 . .venv/bin/activate
 echo "[test.sh] setup took $(( $(date +%s) - started )) s"
-python -m pytest tests -q -p no:cacheprovider
+python -m pytest tests -n 2 -q -p no:cacheprovider  # two workers: this runner's two cores
 python -m pytest tests --run-slow -m slow -q -p no:cacheprovider  # the tests that start torch processes
 python -m pytest suites --rsp-quick --rsp-ci -q -p no:cacheprovider
 python -m pytest suites/test_equivalence.py suites/test_extraction.py suites/test_throughput.py \

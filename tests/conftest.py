@@ -67,6 +67,25 @@ def tiny_engine(tiny_model_dir):
     return Engine.load(tiny_model_dir)
 
 
+@pytest.fixture
+def tiny_prefill(tiny_engine):
+    """Prefill a prompt on the tiny engine: (ids, lo, hi, hidden), the hidden states per block that
+    ``ood.judge`` reads, with the content span [lo, hi) after the first token."""
+    import torch
+
+    from reference_engine.model import KVCache, prefill
+
+    def run(text: str) -> tuple[list[int], int, int, list]:
+        ids = tiny_engine.encode(text)
+        cache = KVCache.allocate(tiny_engine.dims, 1, len(ids))
+        hidden: list = []
+        prefill(tiny_engine.weights, cache, torch.tensor([ids]), torch.arange(len(ids))[None],
+                torch.ones(1, len(ids), dtype=torch.bool), hidden_out=hidden)
+        return ids, 1, len(ids), hidden
+
+    return run
+
+
 @contextlib.contextmanager
 def _live_server(app: Any) -> Iterator[str]:
     import uvicorn

@@ -115,19 +115,12 @@ class _FixedProbe:
     ("ood_score", False, True, "ood_score"),  # odd and not excused: the score's reason stands
     ("hidden_norm", True, True, "hidden_norm"),  # never excused, never replaced
 ])
-def test_judge_asks_the_probe_of_what_the_score_lets_through(tiny_engine, score_reason, words, fires, expected):
-    import torch
-
+def test_judge_asks_the_probe_of_what_the_score_lets_through(tiny_engine, tiny_prefill, score_reason, words, fires,
+                                                            expected):
     from reference_engine import ood
-    from reference_engine.model import KVCache, prefill
 
     eng = tiny_engine
-    ids = eng.encode("Please summarise this email for me in two sentences.")
-    lo, hi = 1, len(ids)
-    cache = KVCache.allocate(eng.dims, 1, len(ids))
-    hidden: list = []
-    prefill(eng.weights, cache, torch.tensor([ids]), torch.arange(len(ids))[None],
-            torch.ones(1, len(ids), dtype=torch.bool), hidden_out=hidden)
+    ids, lo, hi, hidden = tiny_prefill("Please summarise this email for me in two sentences.")
     probe = _FixedProbe(fires)
     reason = ood.judge(_FixedScore(score_reason), eng.weights, hidden, 0, 0, ids, lo, hi, 50, eng._pieces, frozenset(),
                        lambda: list(range(lo, hi)) if words else [], None, None, 1.0, probe)
@@ -141,3 +134,28 @@ def judge_without_probe(eng, hidden, ids, lo, hi, score_reason, words):
 
     return ood.judge(_FixedScore(score_reason), eng.weights, hidden, 0, 0, ids, lo, hi, 50, eng._pieces, frozenset(),
                      lambda: list(range(lo, hi)) if words else [], None, None, 1.0, None)
+
+
+def _fit_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "fit_instruction_probe.py"
+    spec = importlib.util.spec_from_file_location("fit_instruction_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_fit_scripts_threshold_sits_halfway_inside_the_budget() -> None:
+    threshold = _fit_script().threshold
+    s = np.array([5.0, 4.0, 3.0, 2.0, 1.0] + [0.0] * 195)
+    g = np.array(["a"] * 200)
+    # 1% of 200 allows 2 over it: halfway between the 2nd (4.0, may fire) and the 3rd (3.0, must not)
+    assert threshold(s, g, 0.01) == pytest.approx(3.5)
+    assert ((s > threshold(s, g, 0.01)).sum()) == 2
+    # a group binds before the whole: of 400, 1% allows 4; "b" (100, twice the budget: 2) holds the top 3
+    g2 = np.array(["b"] * 100 + ["a"] * 300)
+    s2 = np.concatenate([[5.0, 4.0, 3.0], np.zeros(97), [2.5, 2.4], np.zeros(298)])
+    assert threshold(s2, g2, 0.01) == pytest.approx(3.5)
+    # no false alarm allowed at all: as far above the top score as the top is above the next
+    assert threshold(np.array([2.0, 1.0, 0.0]), np.array(["a"] * 3), 0.01) == pytest.approx(2.5)

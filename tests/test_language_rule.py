@@ -141,19 +141,11 @@ class _FixedScore:
     (0.5, 0.0, 1.0, "ood_score"),  # no margin (a script the rule does not spare, or no rule)
     (0.5, 1.0, 0.5, "ood_score"),  # request words cover too little of the content: a payload
 ])
-def test_judge_applies_the_margin_only_to_covered_prompts(tiny_engine, over, margin, covered, expected):
-    import torch
-
+def test_judge_applies_the_margin_only_to_covered_prompts(tiny_engine, tiny_prefill, over, margin, covered, expected):
     from reference_engine import ood
-    from reference_engine.model import KVCache, prefill
 
     eng = tiny_engine
-    ids = eng.encode("Miten voin vaihtaa salasanani tässä sovelluksessa nyt heti?")
-    lo, hi = 1, len(ids)
-    cache = KVCache.allocate(eng.dims, 1, len(ids))
-    hidden: list = []
-    prefill(eng.weights, cache, torch.tensor([ids]), torch.arange(len(ids))[None], torch.ones(1, len(ids), dtype=torch.bool),
-            hidden_out=hidden)
+    ids, lo, hi, hidden = tiny_prefill("Miten voin vaihtaa salasanani tässä sovelluksessa nyt heti?")
     n_words = int(round(covered * (hi - lo)))
     seen: list[float] = []
     reason = ood.judge(_FixedScore(over), eng.weights, hidden, 0, 0, ids, lo, hi, 60, eng._pieces, frozenset(),
