@@ -15,7 +15,7 @@ after this file's splits were chosen, reports once):
 - the file names the splits, the counts and the choice.
 
 Features are the prefill's pooled hidden states (``ood.collect``, ~0.35 s a prompt on 2 cores; all
-splits ~35 min). ``--cache DIR`` keeps them per split between runs. Run:
+splits and the project's own prompts ~42 min). ``--cache DIR`` keeps them per split between runs. Run:
 
     python scripts/fit_instruction_probe.py --cache ~/.cache/rsp-bench/probe-features
 
