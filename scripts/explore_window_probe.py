@@ -1,0 +1,178 @@
+"""Exploration, development splits only (stop 58): does a probe that reads windows of the prompt find
+instructions the pooled probe misses? Collects, per prompt, the pooled direction and the mean unit
+direction of every 24-token window (stride 12) at the score's blocks, then compares on the choosing
+splits (12-06f, 12-06g and the suites' SQuAD and structured prompts), at the fit script's threshold
+rule (1% false alarms overall, 2% per group):
+
+- A: the pooled probe (today's design), B: pooled plus the last window, C0: a probe on all windows
+  scored by its highest window, C1: the same after one multiple-instance step (each injection's two
+  top windows under C0 are its positives), D: A or C1, each at half the budget.
+
+The fit side is subsampled (half of each fit split's ordinary requests and of the SQuAD fit
+passages, 100 structured documents) to keep collection near 25 minutes on 2 cores. Nothing here is
+packaged or reported; it must not be imported by the engine or the harness. Run:
+
+    python scripts/explore_window_probe.py --cache /tmp/win/feat
+"""
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+import fit_instruction_probe as F  # noqa: E402
+from reference_engine import ood  # noqa: E402
+from reference_engine.degradation import instruction_probe as ip  # noqa: E402
+from reference_engine.model import KVCache, prefill  # noqa: E402
+from rsp_bench import datasets as ds  # noqa: E402
+
+W, STRIDE = 24, 12
+
+
+def collect(out: Path) -> None:
+    eng = F.Engine.load()
+    w = eng.weights
+    blocks = ood.blocks_for(w.dims.n_layers)
+    prefix, suffix = ood.template_ends(eng.encode)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def feats(texts: list[str], name: str) -> None:
+        path = out / f"{name}.npz"
+        if path.exists():
+            return
+        t0 = time.time()
+        pooled, wins, idx = [], [], []
+        with torch.no_grad():
+            for i, text in enumerate(texts):
+                ids = eng.encode(text)
+                lo, hi = ood.content_span(ids, prefix, suffix)
+                if hi - lo > ood.FIT_MAX_TOKENS:
+                    ids = ids[:lo + ood.FIT_MAX_TOKENS] + ids[hi:]
+                    hi = lo + ood.FIT_MAX_TOKENS
+                S = len(ids)
+                hidden: list = []
+                cache = KVCache.allocate(w.dims, 1, S)
+                prefill(w, cache, torch.tensor([ids]), torch.arange(S)[None], torch.ones(1, S, dtype=torch.bool),
+                        hidden_out=hidden)
+                U = [hidden[b][0, lo:hi].double() for b in blocks]
+                U = [u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12) for u in U]
+                n = hi - lo
+                pooled.append(np.concatenate([ip.unit(u.mean(0).numpy()) for u in U]))
+                starts = list(range(0, max(n - W, 0) + 1, STRIDE)) or [0]
+                if starts[-1] + W < n:
+                    starts.append(n - W)
+                for s in starts:
+                    wins.append(np.concatenate([ip.unit(u[s:s + W].mean(0).numpy()) for u in U]).astype(np.float32))
+                    idx.append(i)
+        np.savez(path, pooled=np.array(pooled, dtype=np.float32), wins=np.array(wins), idx=np.array(idx))
+        print(f"{name}: {len(texts)} prompts, {len(wins)} windows, {time.time() - t0:.0f} s", flush=True)
+
+    rng = random.Random(0)
+
+    def split_items(name: str) -> tuple[list[str], list[dict]]:
+        items = [json.loads(line) for line in
+                 open(ROOT / f"fixtures/degradation_heldout_{name}/prompts.jsonl", encoding="utf-8")]
+        inj = [x["text"] for x in items if x["group"] == "odd" and F.INJECTION_KIND.search(x["kind"])]
+        return inj, [x for x in items if x["group"] in F.ORDINARY]
+
+    for name in F.FIT:
+        inj, ordi = split_items(name)
+        feats(inj, f"{name}-inj")
+        feats([x["text"] for x in ordi if rng.random() < 0.5], f"{name}-ord-half")
+    for name in F.CHOOSE:
+        inj, ordi = split_items(name)
+        feats(inj, f"{name}-inj")
+        feats([x["text"] for x in ordi], f"{name}-ord")
+        np.save(out / f"{name}-ord-group.npy", np.array([x["group"] for x in ordi]))
+    for part in ("calibration", "heldout"):
+        feats([json.loads(line)["text"] for line in open(ROOT / f"fixtures/normal_corpus/{part}.jsonl", encoding="utf-8")],
+              f"normal-{part}")
+    squad = ds.quick_subset(ds.load_squad(), 10**6)
+    docs = ds.quick_subset(ds.load_structured(), 10**6)
+    first = {q.context for q in squad[:F.SUITE_SUBSET]}
+    feats([p.text for p in ds.load_prompts()], "own-prompts")
+    sq_fit = [ds.squad_prompt(q) for q in squad if q.context not in first]
+    feats([t for t in sq_fit if rng.random() < 0.5], "own-squad-fit-half")
+    feats([ds.squad_prompt(q) for q in squad if q.context in first], "own-squad-choose")
+    feats([ds.structured_prompt(d) for d in docs[F.SUITE_SUBSET:F.SUITE_SUBSET + 100]], "own-structured-fit")
+    feats([ds.structured_prompt(d) for d in docs[:F.SUITE_SUBSET]], "own-structured-choose")
+
+
+def compare(D: Path) -> None:
+    def L(n): z = np.load(D / f"{n}.npz"); return z["pooled"].astype(np.float64), z["wins"].astype(np.float64), z["idx"]
+    fit_pos = [L(f"{s}-inj") for s in F.FIT]
+    fit_neg = [L(f"{s}-ord-half") for s in F.FIT] + [L("normal-calibration"), L("own-prompts"), L("own-squad-fit-half"), L("own-structured-fit")]
+    ch_inj = [L(f"{s}-inj") for s in F.CHOOSE]
+    ch_ord = [L(f"{s}-ord") for s in F.CHOOSE] + [L("normal-heldout"), L("own-squad-choose"), L("own-structured-choose")]
+    groups = np.concatenate([np.load(D / f"{s}-ord-group.npy") for s in F.CHOOSE] + [np.full(len(L(n)[0]), n) for n in ("normal-heldout", "own-squad-choose", "own-structured-choose")])
+    def pooled(sets): return np.vstack([s[0] for s in sets])
+    def last(sets):  # the last window of each prompt
+        out = []
+        for p, w, idx in sets:
+            lastpos = {}
+            for j, i in enumerate(idx): lastpos[i] = j
+            out.append(w[[lastpos[i] for i in range(len(p))]])
+        return np.vstack(out)
+    def winscore(probe, sets):  # max window score per prompt
+        out = []
+        for p, w, idx in sets:
+            s = probe.log_odds(w); m = np.full(len(p), -np.inf)
+            np.maximum.at(m, idx, s); out.append(m)
+        return np.concatenate(out)
+    def report(name, s_ord, s_inj, far=0.01):
+        thr = F.threshold(s_ord, groups, far)
+        fa = s_ord > thr
+        by = {str(g): int(fa[groups == g].sum()) for g in sorted(set(groups)) if fa[groups == g].sum()}
+        print(f"{name}: injections {(s_inj > thr).sum()}/{len(s_inj)}, false alarms {fa.sum()}/{len(s_ord)} {by}", flush=True)
+        return thr
+    rng = np.random.default_rng(0)
+    for ridge in (0.003, 0.03):
+        A = ip.fit((22, 27), pooled(fit_pos), pooled(fit_neg), ridge)
+        report(f"A pooled r={ridge}", A.log_odds(pooled(ch_ord)), A.log_odds(pooled(ch_inj)))
+        B = ip.fit((22, 27), np.c_[pooled(fit_pos), last(fit_pos)], np.c_[pooled(fit_neg), last(fit_neg)], ridge)
+        report(f"B pooled+last r={ridge}", B.log_odds(np.c_[pooled(ch_ord), last(ch_ord)]), B.log_odds(np.c_[pooled(ch_inj), last(ch_inj)]))
+    # C: windows. negatives: up to 6 random windows per ordinary prompt
+    negw = []
+    for p, w, idx in fit_neg:
+        for i in range(len(p)):
+            js = np.flatnonzero(idx == i)
+            negw.append(w[rng.choice(js, min(6, len(js)), replace=False)])
+    negw = np.vstack(negw)
+    posw = np.vstack([w for _, w, _ in fit_pos])
+    for ridge in (0.01, 0.1):
+        C0 = ip.fit((22, 27), posw, negw, ridge)
+        report(f"C0 all windows r={ridge}", winscore(C0, ch_ord), winscore(C0, ch_inj))
+        # multiple-instance step: each injection's top 2 windows under C0 are its positives
+        tops = []
+        for p, w, idx in fit_pos:
+            s = C0.log_odds(w)
+            for i in range(len(p)):
+                js = np.flatnonzero(idx == i); tops.append(w[js[np.argsort(-s[js])[:2]]])
+        C1 = ip.fit((22, 27), np.vstack(tops), negw, ridge)
+        sc_o, sc_i = winscore(C1, ch_ord), winscore(C1, ch_inj)
+        report(f"C1 top windows r={ridge}", sc_o, sc_i)
+        A = ip.fit((22, 27), pooled(fit_pos), pooled(fit_neg), 0.003)
+        sa_o, sa_i = A.log_odds(pooled(ch_ord)), A.log_odds(pooled(ch_inj))
+        ta = F.threshold(sa_o, groups, 0.005); tc = F.threshold(sc_o, groups, 0.005)
+        fa = (sa_o > ta) | (sc_o > tc); hit = (sa_i > ta) | (sc_i > tc)
+        print(f"D A or C1 (half budget each) r={ridge}: injections {hit.sum()}/{len(hit)}, false alarms {fa.sum()}/{len(fa)}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache", type=Path, required=True, help="folder for the window features (reused when present)")
+    a = ap.parse_args(argv)
+    collect(a.cache)
+    compare(a.cache)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
