@@ -8,11 +8,14 @@ rule (1% false alarms overall, 2% per group):
   scored by its highest window, C1: the same after one multiple-instance step (each injection's two
   top windows under C0 are its positives), D: A or C1, each at half the budget.
 
+``--also SPLIT`` (a development split: one reported already) scores A and C1 there at the thresholds
+chosen above: its injections caught, and which of its ordinary requests fire.
+
 The fit side is subsampled (half of each fit split's ordinary requests and of the SQuAD fit
 passages, 100 structured documents) to keep collection near 25 minutes on 2 cores. Nothing here is
 packaged or reported; it must not be imported by the engine or the harness. Run:
 
-    python scripts/explore_window_probe.py --cache /tmp/win/feat
+    python scripts/explore_window_probe.py --cache /tmp/win/feat --also 2026-12-06i
 """
 import argparse
 import json
@@ -36,7 +39,7 @@ from rsp_bench import datasets as ds  # noqa: E402
 W, STRIDE = 24, 12
 
 
-def collect(out: Path) -> None:
+def collect(out: Path, also: list[str]) -> None:
     eng = F.Engine.load()
     w = eng.weights
     blocks = ood.blocks_for(w.dims.n_layers)
@@ -86,11 +89,12 @@ def collect(out: Path) -> None:
         inj, ordi = split_items(name)
         feats(inj, f"{name}-inj")
         feats([x["text"] for x in ordi if rng.random() < 0.5], f"{name}-ord-half")
-    for name in F.CHOOSE:
+    for name in (*F.CHOOSE, *also):
         inj, ordi = split_items(name)
         feats(inj, f"{name}-inj")
         feats([x["text"] for x in ordi], f"{name}-ord")
         np.save(out / f"{name}-ord-group.npy", np.array([x["group"] for x in ordi]))
+        np.save(out / f"{name}-ord-kind.npy", np.array([x["kind"] for x in ordi]))
     for part in ("calibration", "heldout"):
         feats([json.loads(line)["text"] for line in open(ROOT / f"fixtures/normal_corpus/{part}.jsonl", encoding="utf-8")],
               f"normal-{part}")
@@ -105,72 +109,120 @@ def collect(out: Path) -> None:
     feats([ds.structured_prompt(d) for d in docs[:F.SUITE_SUBSET]], "own-structured-choose")
 
 
-def compare(D: Path) -> None:
-    def L(n): z = np.load(D / f"{n}.npz"); return z["pooled"].astype(np.float64), z["wins"].astype(np.float64), z["idx"]
+Features = tuple[np.ndarray, np.ndarray, np.ndarray]  # pooled rows, window rows, each window's prompt
+
+
+def _load(folder: Path, name: str) -> Features:
+    z = np.load(folder / f"{name}.npz")
+    return z["pooled"].astype(np.float64), z["wins"].astype(np.float64), z["idx"]
+
+
+def _pooled(sets: list[Features]) -> np.ndarray:
+    return np.vstack([s[0] for s in sets])
+
+
+def _last(sets: list[Features]) -> np.ndarray:
+    """The last window of each prompt."""
+    out = []
+    for p, w, idx in sets:
+        last = {i: j for j, i in enumerate(idx)}
+        out.append(w[[last[i] for i in range(len(p))]])
+    return np.vstack(out)
+
+
+def _max_window(probe: ip.InstructionProbe, sets: list[Features]) -> np.ndarray:
+    """Each prompt's highest window score."""
+    out = []
+    for p, w, idx in sets:
+        m = np.full(len(p), -np.inf)
+        np.maximum.at(m, idx, probe.log_odds(w))
+        out.append(m)
+    return np.concatenate(out)
+
+
+def _window_probe(pos: list[Features], negw: np.ndarray, ridge: float) -> tuple[ip.InstructionProbe, ip.InstructionProbe]:
+    """C0 on all windows, then C1 on each injection's two top windows under C0."""
+    c0 = ip.fit((22, 27), np.vstack([w for _, w, _ in pos]), negw, ridge)
+    tops = []
+    for p, w, idx in pos:
+        s = c0.log_odds(w)
+        for i in range(len(p)):
+            js = np.flatnonzero(idx == i)
+            tops.append(w[js[np.argsort(-s[js])[:2]]])
+    return c0, ip.fit((22, 27), np.vstack(tops), negw, ridge)
+
+
+def compare(folder: Path, also: list[str]) -> None:
+    L = lambda name: _load(folder, name)  # noqa: E731
     fit_pos = [L(f"{s}-inj") for s in F.FIT]
-    fit_neg = [L(f"{s}-ord-half") for s in F.FIT] + [L("normal-calibration"), L("own-prompts"), L("own-squad-fit-half"), L("own-structured-fit")]
+    fit_neg = [L(f"{s}-ord-half") for s in F.FIT] + [L(n) for n in (
+        "normal-calibration", "own-prompts", "own-squad-fit-half", "own-structured-fit")]
     ch_inj = [L(f"{s}-inj") for s in F.CHOOSE]
-    ch_ord = [L(f"{s}-ord") for s in F.CHOOSE] + [L("normal-heldout"), L("own-squad-choose"), L("own-structured-choose")]
-    groups = np.concatenate([np.load(D / f"{s}-ord-group.npy") for s in F.CHOOSE] + [np.full(len(L(n)[0]), n) for n in ("normal-heldout", "own-squad-choose", "own-structured-choose")])
-    def pooled(sets): return np.vstack([s[0] for s in sets])
-    def last(sets):  # the last window of each prompt
-        out = []
-        for p, w, idx in sets:
-            lastpos = {}
-            for j, i in enumerate(idx): lastpos[i] = j
-            out.append(w[[lastpos[i] for i in range(len(p))]])
-        return np.vstack(out)
-    def winscore(probe, sets):  # max window score per prompt
-        out = []
-        for p, w, idx in sets:
-            s = probe.log_odds(w); m = np.full(len(p), -np.inf)
-            np.maximum.at(m, idx, s); out.append(m)
-        return np.concatenate(out)
-    def report(name, s_ord, s_inj, far=0.01):
+    extra = ("normal-heldout", "own-squad-choose", "own-structured-choose")
+    ch_ord = [L(f"{s}-ord") for s in F.CHOOSE] + [L(n) for n in extra]
+    groups = np.concatenate([np.load(folder / f"{s}-ord-group.npy") for s in F.CHOOSE]
+                            + [np.full(len(L(n)[0]), n) for n in extra])
+
+    def report(name: str, s_ord: np.ndarray, s_inj: np.ndarray, far: float = 0.01) -> float:
         thr = F.threshold(s_ord, groups, far)
         fa = s_ord > thr
         by = {str(g): int(fa[groups == g].sum()) for g in sorted(set(groups)) if fa[groups == g].sum()}
-        print(f"{name}: injections {(s_inj > thr).sum()}/{len(s_inj)}, false alarms {fa.sum()}/{len(s_ord)} {by}", flush=True)
+        print(f"{name}: injections {(s_inj > thr).sum()}/{len(s_inj)}, false alarms {fa.sum()}/{len(s_ord)} {by}",
+              flush=True)
         return thr
-    rng = np.random.default_rng(0)
+
+    chosen: dict[str, tuple] = {}  # name -> (score of a list of Features, threshold)
     for ridge in (0.003, 0.03):
-        A = ip.fit((22, 27), pooled(fit_pos), pooled(fit_neg), ridge)
-        report(f"A pooled r={ridge}", A.log_odds(pooled(ch_ord)), A.log_odds(pooled(ch_inj)))
-        B = ip.fit((22, 27), np.c_[pooled(fit_pos), last(fit_pos)], np.c_[pooled(fit_neg), last(fit_neg)], ridge)
-        report(f"B pooled+last r={ridge}", B.log_odds(np.c_[pooled(ch_ord), last(ch_ord)]), B.log_odds(np.c_[pooled(ch_inj), last(ch_inj)]))
-    # C: windows. negatives: up to 6 random windows per ordinary prompt
-    negw = []
+        a = ip.fit((22, 27), _pooled(fit_pos), _pooled(fit_neg), ridge)
+        thr = report(f"A pooled r={ridge}", a.log_odds(_pooled(ch_ord)), a.log_odds(_pooled(ch_inj)))
+        if ridge == 0.003:
+            chosen["A pooled r=0.003"] = (lambda sets, a=a: a.log_odds(_pooled(sets)), thr)
+        b = ip.fit((22, 27), np.c_[_pooled(fit_pos), _last(fit_pos)], np.c_[_pooled(fit_neg), _last(fit_neg)], ridge)
+        report(f"B pooled+last r={ridge}", b.log_odds(np.c_[_pooled(ch_ord), _last(ch_ord)]),
+               b.log_odds(np.c_[_pooled(ch_inj), _last(ch_inj)]))
+    rng = np.random.default_rng(0)
+    negw = []  # up to 6 random windows of each ordinary prompt
     for p, w, idx in fit_neg:
         for i in range(len(p)):
             js = np.flatnonzero(idx == i)
             negw.append(w[rng.choice(js, min(6, len(js)), replace=False)])
     negw = np.vstack(negw)
-    posw = np.vstack([w for _, w, _ in fit_pos])
+    a = ip.fit((22, 27), _pooled(fit_pos), _pooled(fit_neg), 0.003)
+    sa_o, sa_i = a.log_odds(_pooled(ch_ord)), a.log_odds(_pooled(ch_inj))
     for ridge in (0.01, 0.1):
-        C0 = ip.fit((22, 27), posw, negw, ridge)
-        report(f"C0 all windows r={ridge}", winscore(C0, ch_ord), winscore(C0, ch_inj))
-        # multiple-instance step: each injection's top 2 windows under C0 are its positives
-        tops = []
-        for p, w, idx in fit_pos:
-            s = C0.log_odds(w)
-            for i in range(len(p)):
-                js = np.flatnonzero(idx == i); tops.append(w[js[np.argsort(-s[js])[:2]]])
-        C1 = ip.fit((22, 27), np.vstack(tops), negw, ridge)
-        sc_o, sc_i = winscore(C1, ch_ord), winscore(C1, ch_inj)
-        report(f"C1 top windows r={ridge}", sc_o, sc_i)
-        A = ip.fit((22, 27), pooled(fit_pos), pooled(fit_neg), 0.003)
-        sa_o, sa_i = A.log_odds(pooled(ch_ord)), A.log_odds(pooled(ch_inj))
-        ta = F.threshold(sa_o, groups, 0.005); tc = F.threshold(sc_o, groups, 0.005)
-        fa = (sa_o > ta) | (sc_o > tc); hit = (sa_i > ta) | (sc_i > tc)
-        print(f"D A or C1 (half budget each) r={ridge}: injections {hit.sum()}/{len(hit)}, false alarms {fa.sum()}/{len(fa)}", flush=True)
+        c0, c1 = _window_probe(fit_pos, negw, ridge)
+        report(f"C0 all windows r={ridge}", _max_window(c0, ch_ord), _max_window(c0, ch_inj))
+        sc_o, sc_i = _max_window(c1, ch_ord), _max_window(c1, ch_inj)
+        thr = report(f"C1 top windows r={ridge}", sc_o, sc_i)
+        chosen[f"C1 r={ridge}"] = (lambda sets, c1=c1: _max_window(c1, sets), thr)
+        ta, tc = F.threshold(sa_o, groups, 0.005), F.threshold(sc_o, groups, 0.005)
+        fa, hit = (sa_o > ta) | (sc_o > tc), (sa_i > ta) | (sc_i > tc)
+        print(f"D A or C1 (half budget each) r={ridge}: injections {hit.sum()}/{len(hit)}, "
+              f"false alarms {fa.sum()}/{len(fa)}", flush=True)
+    for name in also:
+        inj, ordi = [L(f"{name}-inj")], [L(f"{name}-ord")]
+        og = np.load(folder / f"{name}-ord-group.npy")
+        kinds = np.load(folder / f"{name}-ord-kind.npy")
+        for design, (score, thr) in chosen.items():
+            fa = score(ordi) > thr
+            print(f"{name}, {design}: injections {(score(inj) > thr).sum()}/{len(inj[0][0])}, ordinary false alarms "
+                  f"{fa.sum()}/{len(fa)} { {str(g): int(fa[og == g].sum()) for g in sorted(set(og))} }, data kinds "
+                  f"{sorted(set(str(k) for k in kinds[fa & (og == 'data_request')]))}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, required=True, help="folder for the window features (reused when present)")
+    ap.add_argument("--also", action="append", default=[], metavar="SPLIT",
+                    help="a development split (reported already) to score at the chosen thresholds")
     a = ap.parse_args(argv)
-    collect(a.cache)
-    compare(a.cache)
+    for name in a.also:
+        if not (ROOT / f"fixtures/degradation_heldout_{name}/prompts.jsonl").is_file():
+            ap.error(f"--also {name!r}: no fixtures/degradation_heldout_{name}/prompts.jsonl")
+        if name in (*F.FIT, *F.CHOOSE):
+            ap.error(f"--also {name!r} is a fit or choosing split already")
+    collect(a.cache, a.also)
+    compare(a.cache, a.also)
     return 0
 
 
