@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--also {name!r}: no fixtures/degradation_heldout_{name}/prompts.jsonl")
         if name in (*F.FIT, *F.CHOOSE):
             ap.error(f"--also {name!r} is a fit or choosing split already")
+        if not (ROOT / f"results/degradation_heldout_{name}.json").is_file():
+            # a split with no report yet is blind: comparing designs on it would spend it
+            ap.error(f"--also {name!r} has no report in results/ yet: it is still held out")
     collect(a.cache, a.also)
     compare(a.cache, a.also)
     return 0
