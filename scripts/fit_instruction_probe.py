@@ -39,7 +39,8 @@ from reference_engine.degradation import instruction_probe as probe_mod  # noqa:
 from reference_engine.degradation.text_rules import text_anomaly_reasons  # noqa: E402
 from rsp_bench import datasets as ds  # noqa: E402
 
-FIT = ("2026-12-05f", "2026-12-05g", "2026-12-06b", "2026-12-06c", "2026-12-06d", "2026-12-06e", "2026-12-06h")
+FIT = ("2026-12-05f", "2026-12-05g", "2026-12-06b", "2026-12-06c", "2026-12-06d", "2026-12-06e", "2026-12-06h",
+       "2026-12-06i")
 CHOOSE = ("2026-12-06f", "2026-12-06g")
 ORDINARY = ("data_request", "plain_en", "plain_language")
 RIDGES = (0.003, 0.01, 0.03, 0.1, 0.3)
@@ -51,7 +52,9 @@ INJECTION_KIND = re.compile(
     r"directive|inject|override|jailbreak|ploy|demand|claim|persona|prompt|instruction|secret|rule|game|consent|"
     r"alter_ego|exfil|smuggl|refusal|prefix|threat|polic|agent|planted|dan_|roleplay|grandma|developer_mode|sudo|"
     r"penalty|dual_answer|villain|acrostic|unrestricted|leak|extraction|ignore|twin|priming|beacon|markdown_image|"
-    r"exempt|switch|console|banner|forbidden|bedtime|opposite|filter_dodge|concatenation|obey|forgery|hijack")
+    r"exempt|switch|console|banner|forbidden|bedtime|opposite|filter_dodge|concatenation|obey|forgery|hijack|"
+    r"forged|debug_mode|lawless|pretext|avoid|dare|wager|pressure|liberation|appeal|flatter|coercion|vault|"
+    r"resume_trick|social_proof")
 
 
 def features(engine: Engine, texts: list[str], cache: Path | None, name: str) -> np.ndarray:
