@@ -8,7 +8,8 @@ kept apart:
    router or sensitivity is fitted to; ``--reuse-fit`` reads the stored rows instead) and the unit
    direction of its pooled hidden state at ``BLOCK``, read through the engine's own check.
 2. **Choose** the neighbours ``k``, the damage ratio to English and the rule's coverage and margin
-   on two other development splits (``CHOOSE``): every item but the bare payloads goes through the
+   on four other development splits (``CHOOSE``; 12-06i and 12-06j joined at stop 59, each after
+   its one blind report): every item but the bare payloads goes through the
    engine once and the score of the whole prompt, its threshold, its pooled direction and the
    request words' share of its content are read. Each plain request's language is judged on the
    fit rows: "hurt more" when its mean per-prompt KL is above English's at p < 0.05 (a one-sided
@@ -53,7 +54,8 @@ FIT = ("degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b", "deg
 # development split 12-05b it spared fewer requests than the packaged rule, so it was not adopted
 # (docs/degradation.md, results/language_rule_fit_more_dev.json).
 FIT_MORE = FIT + ("degradation_heldout_2026-12-05c", "degradation_heldout_2026-12-05d", "degradation_heldout_2026-12-05e")
-CHOOSE = ("degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04c")
+CHOOSE = ("degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04c", "degradation_heldout_2026-12-06i",
+          "degradation_heldout_2026-12-06j")
 FIT_ROWS = REPO / "results" / "language_rule_fit.json"
 CHOICE = REPO / "results" / "language_rule_choice.json"
 BLOCK = 27  # the deepest block the score pools (ood.blocks_for(30)): language sits there, not noise
