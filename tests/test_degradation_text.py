@@ -636,6 +636,27 @@ def test_growing_lines_counts_on_the_development_text():
     assert fired == Counter({"odd": 5}), fired
 
 
+# A separator run in a delimited row, or touching another separator, is the format (stop 60).
+@pytest.mark.parametrize("text, fires", [
+    ("What notes does this riff play?\n\ne|-----------------|\nB|-------------7-5-|\nG|-5h7p5-----------|", False),
+    ("Groove?\nHH|x-x-x-x-x-x-x-x-|\nT1|oooo------------|\nBD|o-------o-------|", False),  # drum tablature
+    ("What is this file?\n00000000  7f 45 4c 46 02 01 01 00  00 00 00 00 00 00 00 00  |.ELF............|", False),
+    ("Which field is empty?\nPV1|1|I|W4^12^B||||||||||||MED|||||||V55012", False),  # HL7 fields
+    ("Why so many deletions?\n src/render/templates.ts | 41 ++++++++++++++++++++---------", False),  # a diffstat
+    ("What does shellcheck mean?\ncd $dir\n^-----------------^ SC2164 (warning): Use 'cd ... || exit'", False),
+    ("a run of dashes ----------------7 pasted into the middle of a long sentence of prose", True),  # not a row
+    ("|----------------|", True),  # nothing but the row: no content to separate
+])
+def test_separator_runs_in_rows_are_the_format(text, fires):
+    assert ("punctuation_run" in text_anomaly_reasons(text)) == fires, text_anomaly_reasons(text)
+
+
+def test_separator_rows_can_be_turned_off():
+    tab = "Notes?\ne|-------------7-5-|\nB|--------8-5------|"
+    assert text_anomaly_reason(tab) is None
+    assert text_anomaly_reason(tab, TextThresholds(separator_row_pipes_min=0)) == "punctuation_run"
+
+
 @pytest.mark.parametrize("text, fires", [
     ("Which check digit is wrong in this passport MRZ?\n\nP<UTOVANTREECK<<MARISKA<JOLIEN<<<<<<<<<<<<<<\n"
      "XK71503827UTO8806143F3102271<<<<<<<<<<<<<<02", False),

@@ -77,7 +77,9 @@ def _separator_allowed(text: str, start: int, end: int, t: TextThresholds) -> bo
     Any such character may fill a line of its own (a reStructuredText underline can use any
     punctuation; generated code has emoji banners): nothing but whitespace and separator
     characters besides the run on its line. Separator characters (``_is_separator_char``)
-    may also share a short line with a label or a page number. Either way the text must
+    may also share a short line with a label or a page number, touching spaces, table or
+    comment characters or another separator, or anything in a delimited row
+    (``separator_row_pipes_min``: tablature, a hexdump's text column). Either way the text must
     have letters or digits somewhere else, so a prompt that is only a run still fires.
     """
     if not (_CONTENT_RE.search(text, 0, start) or _CONTENT_RE.search(text, end)):
@@ -91,10 +93,11 @@ def _separator_allowed(text: str, start: int, end: int, t: TextThresholds) -> bo
         return end - start <= t.separator_line_run_max
     if not _is_separator_char(run_char) or end - start > t.separator_run_max:
         return False
-    if start > 0 and text[start - 1] != "\n" and not _separator_neighbour_ok(text[start - 1]):
-        return False
-    if end < len(text) and text[end] != "\n" and not _separator_neighbour_ok(text[end]):
-        return False
+    row = 0 < t.separator_row_pipes_min <= line.count("|")
+    for i in (start - 1, end):
+        if 0 <= i < len(text) and text[i] != "\n" and not (
+                row or _is_separator_char(text[i]) or _separator_neighbour_ok(text[i])):
+            return False
     return other <= t.separator_line_other_max
 
 

@@ -211,6 +211,13 @@ class TextThresholds:
     # Other content allowed on the line of an allowed separator run ("# ---- Setup ----",
     # "Chapter 1 ........ 12"); prose beside a run means the run was pasted into text.
     separator_line_other_max: int = 60
+    # A separator run touching a letter, digit or other punctuation is pasted into text, except
+    # where it touches another separator (a diffstat's "+++---", a "^---^" underline) or its line
+    # is a delimited row with at least this many "|" (guitar and drum tablature "G|--7-5--|", a
+    # hexdump's text column "|.ELF....|", HL7 fields "MED||||"). 0: rows get nothing. Stop 60:
+    # these were 12 of the 13 data requests of the development splits that degraded as
+    # punctuation runs (music notation 9), and no odd item of them was caught by such a run alone.
+    separator_row_pipes_min: int = 2
     # A run of one letter, digit, emoji or other character. Ordinary text has "zzz" or
     # "hahaha"; a hex literal can reach 64 zeros (a 256-bit hash), which is exempted.
     char_run: int = 24
@@ -320,7 +327,7 @@ class TextThresholds:
             "control_max", "replacement_max", "noncharacter_max", "bidi_override_max",
             "zero_width_max", "bidi_mark_min", "unassigned_max", "combining_min", "mojibake_min",
             "emoji_min", "emoji_dominant_min", "mixed_word_min", "script_min_letters", "word_script_min_words",
-            "punctuation_flood_min", "punctuation_flood_other_min", "separator_line_other_max",
+            "punctuation_flood_min", "punctuation_flood_other_min", "separator_line_other_max", "separator_row_pipes_min",
             "mixed_punctuation_other_min", "repeat_min_words", "stacked_min_lines", "even_letters_min",
             "growing_min_pairs", "embedded_min_families",
         ):
