@@ -117,7 +117,7 @@ def test_the_packaged_rule_loads_for_the_embedded_weights():
                             "degradation_heldout_2026-12-05b", "degradation_heldout_2026-12-05c",
                             "degradation_heldout_2026-12-05d", "degradation_heldout_2026-12-05e",
                             "degradation_heldout_2026-12-05f", "degradation_heldout_2026-12-05g"})
-    # a split with no report in results/ is held out for one (none at stop 60: every split had its report): never used
+    # a split with no report in results/ is held out for one (12-07a when this was written): never used
     results = Path(reference_engine.__file__).parents[1] / "results"
     unreported = sorted(s for s in used if not (results / f"{s}.json").exists())
     assert not unreported, f"the language rule was fitted or chosen on unreported (held-out) splits: {unreported}"
