@@ -16,3 +16,9 @@ python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_sm
 # llama-cpp: llama.cpp through llama-cpp-python (a source build the first time, cached by pip after).
 # LLAVA_BUILD=OFF skips its multimodal library (libmtmd), which nothing here loads.
 CMAKE_ARGS="-DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}" python -m pip install -q -e ".[test,lm-eval,llama-cpp,serve]"
+# The embedded model's first use converts its GGUF to safetensors in the user cache (~20 s) and
+# the native decode kernel compiles on first use (~3 s): done here, once per machine, so the
+# first test or suite to load the model does not pay for the installation.
+python -c "from reference_engine.model_loading import resolve_model; resolve_model(None)"
+python -c "from reference_engine.decode_native import build; build()" \
+  || echo "[bootstrap] the native decode kernel did not build; it is retried (and explained) on first use"

@@ -192,7 +192,7 @@ def test_native_gemv_matches_matmul():
 @needs_native
 def test_native_gemv_gives_each_row_the_same_bits_whatever_the_row_count():
     """Several x rows take gemv_multi (AVX-512: 4 weight rows against up to 4 x rows per pass over
-    k; AVX2: 2 against 2), one takes gemv_rows: the batched decode step, the verify pass and the
+    k; AVX2: 4 against up to 3, one pass over k per accumulator chain), one takes gemv_rows: the batched decode step, the verify pass and the
     degradation check's head rely on every row coming out bit for bit as alone, so batch size
     never moves a token."""
     gen = torch.Generator().manual_seed(3)
