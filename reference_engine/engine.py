@@ -380,7 +380,7 @@ class Engine(UnitRouting, ProtectiveDegradation):
                                      and getattr(router, "target_bytes", 0) > 0 else None),
                 "degraded": r.degraded_reason is not None,
                 "degraded_reason": r.degraded_reason,
-                "detector": self.detector_info()["detector"] if prunes else None,  # None: no check ran
+                "detector": self.detector_name() if prunes else None,  # None: no check ran
                 "mode": cfg.mode,
                 "sensitivity": cfg.sensitivity,
                 "blocks": dims.n_layers,

@@ -162,6 +162,12 @@ class ProtectiveDegradation:
             self._instruction_probe_file = found[1].name if found is not None else None
         return self._instruction_probe or None
 
+    def detector_name(self) -> str:
+        """The detector that judges this engine's requests (``ood.describe``'s "detector"): what
+        every request's stats carry. ``detector_info`` has the rest, and hashes the text rules."""
+        self.ood_detector()
+        return self._detector["detector"]
+
     def detector_info(self) -> dict:
         """Which protective-degradation detector runs for these weights (``ood.describe``), which
         language rule and instruction probe (their files, or None) and which text rules

@@ -477,7 +477,7 @@ def generate_lossless(engine: "Engine", rows: list["PromptRow"], max_new_tokens:
             "bypass_ratio": dec.bypassed / (dims.n_layers * n_tok) if n_tok else 0.0,
             "degraded": r.degraded_reason is not None,
             "degraded_reason": r.degraded_reason,
-            "detector": engine.detector_info()["detector"],
+            "detector": engine.detector_name(),
             "mode": cfg.mode,
             "sensitivity": cfg.sensitivity,
             "blocks": dims.n_layers,
