@@ -17,16 +17,22 @@ kept apart:
    that excuses the most plain requests in languages not hurt more, minus those in languages hurt
    more, while excusing at most 1% of the odd inputs; ties to the smaller margin, then the smaller
    ratio, then the larger coverage.
+   Version 4 (stop 61) also fits a *language probe* (``language_rule.LanguageProbe``) on
+   ``PROBE_FIT``, development splits neither the bank nor the choice uses: a logistic model on the
+   same pooled direction, plain requests in other languages (positive) against odd inputs, both
+   where the score finds them odd. Its threshold (a quantile of the fit's odd inputs' log-odds)
+   and its margin join the grid, ranked as above under the same cap.
 3. **Report** on a split that chose nothing: ``rsp-bench degradation`` on the newest held-out
    split.
 
-Writes ``reference_engine/data/calibration/<weights>-language-damage-v3.npz`` (``--out``
+Writes ``reference_engine/data/calibration/<weights>-language-damage-v4.npz`` (``--out``
 elsewhere), the per-prompt fit rows (``results/language_rule_fit.json``) and the choice's grid
 (``results/language_rule_choice.json``), atomically. Reads the score through a wrapper of
 ``ood.judge`` (a measurement tool: the engine's path is unchanged). About 6 minutes on 2 cores with
-``--reuse-fit`` (25 more to measure the fit rows).
+``--reuse-fit`` (25 more to measure the fit rows), plus 15 to read the probe's fit splits
+(``--probe-reads FILE`` keeps that read in FILE and reuses it).
 
-    python scripts/fit_language_rule.py [--reuse-fit]
+    python scripts/fit_language_rule.py [--reuse-fit] [--probe-reads FILE]
     python scripts/fit_language_rule.py --reuse-fit --fit-more --out /tmp/more.npz   # stop 49's comparison
 
 Stop 49's six-split bank (``--fit-more``, 1,264 requests; the 723 new rows took 16 min on 2 idle
@@ -56,6 +62,13 @@ FIT = ("degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b", "deg
 FIT_MORE = FIT + ("degradation_heldout_2026-12-05c", "degradation_heldout_2026-12-05d", "degradation_heldout_2026-12-05e")
 CHOOSE = ("degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04c", "degradation_heldout_2026-12-06i",
           "degradation_heldout_2026-12-06j")
+# The language probe's fit (version 4): development splits that neither the bank nor CHOOSE uses,
+# the newest first (their odd kinds are the ones blind splits keep writing).
+PROBE_FIT = tuple("degradation_heldout_2026-" + s for s in ("12-05f", "12-05g", "12-06b", "12-06c", "12-06d", "12-06e",
+                                                            "12-06k", "12-06l", "12-06m"))
+PROBE_RIDGE = 0.01
+PROBE_ODD_QUANTILES = (None, 0.9, 0.95, 0.98, 0.99)  # None: no probe (version 3's rule)
+PROBE_MARGINS = (3.0, 4.0, 5.0, 6.0)
 FIT_ROWS = REPO / "results" / "language_rule_fit.json"
 CHOICE = REPO / "results" / "language_rule_choice.json"
 BLOCK = 27  # the deepest block the score pools (ood.blocks_for(30)): language sits there, not noise
@@ -165,38 +178,84 @@ def verdicts(rows: list[dict]) -> dict[str, bool]:
             for L in langs}
 
 
-def choose(rows: list[dict], bank, hurt: dict[str, bool]) -> tuple[dict, dict]:
+def read_probe_fit(cache: Path | None) -> list[dict]:
+    """The plain requests in other languages and the odd inputs of ``PROBE_FIT``, read as
+    ``read_prompts`` reads them; from ``cache`` (a pickle this wrote) when it holds these splits."""
+    import pickle
+
+    if cache is not None and cache.exists():
+        rows = pickle.loads(cache.read_bytes())
+        if sorted({r["split"] for r in rows}) == sorted(PROBE_FIT):
+            return rows
+        print(f"warning: {cache} holds other splits; reading again", file=sys.stderr)
+    rows = [{"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"], "lang": x.get("lang"),
+             "text": x["text"]} for split in PROBE_FIT for x in _items(split) if x["group"] in ("plain_language", "odd")]
+    for r, s in zip(rows, read_prompts([r["text"] for r in rows])):
+        r.update(s)
+    if cache is not None:
+        tmp = cache.with_name(cache.name + ".tmp")
+        tmp.write_bytes(pickle.dumps(rows))
+        tmp.replace(cache)
+    return rows
+
+
+def fit_probe(rows: list[dict]):
+    """The language probe (``language_rule.LanguageProbe``, threshold and margin left for the
+    choice) on the rows the score finds odd: plain requests in other languages against odd
+    inputs; and the fit's odd inputs' log-odds, whose quantiles the choice's thresholds are."""
+    from reference_engine.degradation.instruction_probe import fit_logistic
+    from reference_engine.degradation.language_rule import LanguageProbe, unit
+
+    over = [r for r in rows if r["reason"] == "ood_score" and r["pooled"] is not None]
+    pos = np.array([unit(r["pooled"]) for r in over if r["group"] == "plain_language" and r["lang"] != "en"])
+    neg = np.array([unit(r["pooled"]) for r in over if r["group"] == "odd"])
+    X = np.vstack([pos, neg])
+    mu, sd = X.mean(0), X.std(0) + 1e-6
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    w = fit_logistic((X - mu) / sd, y, np.r_[np.full(len(pos), 0.5 / len(pos)), np.full(len(neg), 0.5 / len(neg))],
+                     PROBE_RIDGE)
+    probe = LanguageProbe(mu, sd, w[:-1], float(w[-1]), float("inf"), 0.0)
+    return probe, np.array([probe.log_odds(x) for x in neg]), {"languages": len(pos), "odd": len(neg)}
+
+
+def choose(rows: list[dict], bank, hurt: dict[str, bool], probe=None, odd_log_odds=None) -> tuple[dict, dict]:
     """The grid's best setting (module docstring) and the grid."""
-    from reference_engine.degradation.language_rule import dominant_script
+    from reference_engine.degradation.language_rule import dominant_script, unit
 
     by_score = [r for r in rows if r["reason"] == "ood_score" and r["pooled"] is not None
                 and dominant_script(r["text"])[1] >= MIN_SHARE]
     n_odd = sum(1 for r in rows if r["group"] == "odd")
     english = bank.english_kl
+    reads = [probe.log_odds(unit(r["pooled"])) if probe is not None else -np.inf for r in by_score]
+    arms = [(None, None)] + [(q, pm) for q in PROBE_ODD_QUANTILES if q is not None and probe is not None
+                             for pm in PROBE_MARGINS]
     grid, best = {}, None
     for k in KS:
         near = [dataclasses.replace(bank, k=k).estimate(r["pooled"]) for r in by_score]
-        for ratio in KL_RATIOS:
-            for c in COVERAGES:
-                for m in MARGINS:
-                    excused = [r for r, (kl, lang) in zip(by_score, near)
-                               if lang != "en" and kl <= ratio * english and r["coverage"] >= c
-                               and r["score"] <= r["threshold"] + m]
-                    counts = {"odd": sum(r["group"] == "odd" for r in excused),
-                              "data_request": sum(r["group"] == "data_request" for r in excused),
-                              "plain_en": sum(r["group"] == "plain_en" for r in excused),
-                              "spared_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is False
-                                                     for r in excused),
-                              "hurt_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is True
-                                                   for r in excused),
-                              "unjudged_language": sum(r["group"] == "plain_language" and r["lang"] not in hurt
-                                                       for r in excused)}
-                    key = f"k={k},kl_ratio={ratio},coverage={c},margin={m}"
-                    grid[key] = counts
-                    if counts["odd"] <= MAX_ODD_EXCUSED * n_odd:
-                        rank = (counts["spared_language"] - counts["hurt_language"], -m, -ratio, c, k)
-                        if best is None or rank > best[0]:
-                            best = (rank, {"k": k, "kl_ratio": ratio, "min_coverage": c, "margin": m, "key": key})
+        for ratio, c, m, (q, pm) in ((ratio, c, m, arm) for ratio in KL_RATIOS for c in COVERAGES for m in MARGINS
+                                     for arm in arms):
+            t = float(np.quantile(odd_log_odds, q)) if q is not None else np.inf
+            excused = [r for r, (kl, lang), lo in zip(by_score, near, reads)
+                       if lang != "en" and kl <= ratio * english and r["coverage"] >= c
+                       and r["score"] <= r["threshold"] + (max(m, pm) if lo > t else m)]
+            counts = {"odd": sum(r["group"] == "odd" for r in excused),
+                      "data_request": sum(r["group"] == "data_request" for r in excused),
+                      "plain_en": sum(r["group"] == "plain_en" for r in excused),
+                      "spared_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is False
+                                             for r in excused),
+                      "hurt_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is True
+                                           for r in excused),
+                      "unjudged_language": sum(r["group"] == "plain_language" and r["lang"] not in hurt
+                                               for r in excused)}
+            key = f"k={k},kl_ratio={ratio},coverage={c},margin={m}" + (
+                f",probe_odd_quantile={q},probe_margin={pm}" if q is not None else "")
+            grid[key] = counts
+            if counts["odd"] <= MAX_ODD_EXCUSED * n_odd:
+                rank = (counts["spared_language"] - counts["hurt_language"], -m, -(pm or 0.0), -ratio, c, k,
+                        q or 0.0)
+                if best is None or rank > best[0]:
+                    best = (rank, {"k": k, "kl_ratio": ratio, "min_coverage": c, "margin": m, "key": key,
+                                   "probe_odd_quantile": q, "probe_margin": pm, "probe_threshold": t})
     degraded = {g: sum(1 for r in rows if r["reason"] is not None and r["group"] == g)
                 for g in ("plain_language", "plain_en", "data_request", "odd")}
     return best[1], {"items": len(rows), "odd_items": n_odd, "degraded_without_the_rule": degraded,
@@ -209,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fit-more", action="store_true",
                    help="fit on FIT_MORE's six splits; writes results/language_rule_{fit,choice}_more_dev.json and "
                         "needs --out (a development comparison, never the packaged rule)")
+    p.add_argument("--probe-reads", type=Path, default=None,
+                   help="keep the read of the language probe's fit splits in this file (pickle) and reuse it when "
+                        "it is there (the read takes about 15 minutes)")
     p.add_argument("--reuse-fit", action="store_true",
                    help=f"keep the fit rows {FIT_ROWS.relative_to(REPO)} holds; measure only the splits it lacks")
     a = p.parse_args(argv)
@@ -271,11 +333,15 @@ def main(argv: list[str] | None = None) -> int:
         1.0, 0.0, {})
     print(f"bank: {len(keep)} of {len(fit_rows)} fit requests ({len(en)} English, KL {np.mean(en):.4f}); "
           f"not hurt more than English: {sorted(L for L, h in hurt.items() if not h)}", file=sys.stderr)
+    probe_rows = read_probe_fit(a.probe_reads)
+    probe, odd_log_odds, probe_counts = fit_probe(probe_rows)
+    print(f"language probe: {probe_counts['languages']} plain requests in other languages against "
+          f"{probe_counts['odd']} odd inputs, each as the score finds them, on {', '.join(PROBE_FIT)}", file=sys.stderr)
     rows = [{"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"], "lang": x.get("lang"),
              "text": x["text"]} for split in CHOOSE for x in _items(split) if x["group"] != "payload_alone"]
     for r, s in zip(rows, read_prompts([r["text"] for r in rows])):
         r.update(s)
-    chosen, summary = choose(rows, bank, hurt)
+    chosen, summary = choose(rows, bank, hurt, probe, odd_log_odds)
     print(f"chosen on {', '.join(CHOOSE)}: {chosen['key']}: {summary['grid'][chosen['key']]}", file=sys.stderr)
     sha = weights_digest(resolve_model(None)[1])
     out = a.out or language_rule.rule_path(REPO / "reference_engine" / "data", sha)
@@ -288,11 +354,17 @@ def main(argv: list[str] | None = None) -> int:
                     "English and have a mean KL <= kl_ratio x English's is judged against the threshold + margin; "
                     f"chosen: most excused in languages not hurt more minus those hurt more, odd excused <= "
                     f"{MAX_ODD_EXCUSED:.0%}",
+            "probe": {"fitted_on": list(PROBE_FIT), **probe_counts, "ridge": PROBE_RIDGE,
+                      "rule": "log-odds of a plain request in another language against odd input, on the unit pooled "
+                              "direction at the block; above the threshold (the chosen quantile of the fit's odd "
+                              "inputs' log-odds) the margin is the probe's"},
             "choice": chosen["key"], "choice_counts": summary["grid"][chosen["key"]]}
+    chosen_probe = (dataclasses.replace(probe, threshold=chosen["probe_threshold"], margin=chosen["probe_margin"])
+                    if chosen["probe_odd_quantile"] is not None else None)
     rule = dataclasses.replace(bank, k=chosen["k"], kl_ratio=chosen["kl_ratio"], min_coverage=chosen["min_coverage"],
-                               margin=chosen["margin"], info=info)
+                               margin=chosen["margin"], info=info, probe=chosen_probe)
     language_rule.save(out, sha, rule)
-    atomic_write_json(choice_file, {"what": "the language rule's choice (version 3) on the choose splits",
+    atomic_write_json(choice_file, {"what": "the language rule's choice (version 4) on the choose splits",
                                "command": "python scripts/fit_language_rule.py " + " ".join(argv or sys.argv[1:]),
                                "chosen": chosen, **summary})
     print(f"wrote {out} and {choice_file.relative_to(REPO)}", file=sys.stderr)

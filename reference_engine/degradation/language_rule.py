@@ -23,6 +23,15 @@ threshold plus ``margin``. Odd input that reads as words of such a language (shu
 cipher) is still caught above it. ``k``, ``kl_ratio`` and the margin were chosen on development
 splits the bank was not fitted on; the file names them.
 
+Version 4 adds a *language probe*. Welsh requests score as far over the threshold as ciphers of
+English do (1.4-4.1 against 0.04-3.7 on the choosing splits), so no margin spares one without
+excusing the other. The probe is one logistic model on the same pooled direction, fitted on
+development splits the choice does not use: plain requests in other languages against odd input,
+both as the score finds them (over its threshold). A prompt the neighbours spare and the probe
+reads as a language gets ``probe.margin``; one the probe does not, ``margin`` as before. Its
+threshold and margin were chosen with the rest, on the same splits, under the same cap on odd
+input excused.
+
 Must NOT import ``rsp_bench``, torch, or other modules of this package but ``chars``; numpy and
 the stdlib only.
 """
@@ -40,7 +49,23 @@ import numpy as np
 
 from .chars import _script_of
 
-VERSION = 3  # 3: a damage bank of measured plain requests, nearest neighbours (2: a loss cut per script)
+VERSION = 4  # 4: and a language probe (3: a damage bank of measured plain requests, nearest neighbours; 2: a loss cut per script)
+
+
+@dataclass(frozen=True)
+class LanguageProbe:
+    """A logistic model on a prompt's unit pooled direction: log-odds that it is a plain request in
+    another language rather than odd input; above ``threshold``, the rule's margin is ``margin``."""
+
+    mu: np.ndarray  # [D] standardisation
+    sd: np.ndarray
+    coef: np.ndarray  # [D]
+    bias: float
+    threshold: float
+    margin: float
+
+    def log_odds(self, unit_pooled: np.ndarray) -> float:
+        return float(((unit_pooled - self.mu) / self.sd) @ self.coef + self.bias)
 
 
 @dataclass(frozen=True)
@@ -58,6 +83,7 @@ class LanguageRule:
     min_coverage: float  # request words' share of the scored content tokens
     margin: float  # added to the score's threshold for such a request
     info: dict  # the evidence: English's figures, the splits, the choice
+    probe: LanguageProbe | None = None  # version 4: a larger margin where it reads a language
 
     @property
     def english_kl(self) -> float:
@@ -74,14 +100,24 @@ class LanguageRule:
     def margin_for(self, text: str, pooled: dict[int, np.ndarray]) -> float:
         """The margin this prompt gets: ``margin`` when its letters are mostly one script and its
         nearest bank requests are another language that pruning hurts no more than English (within
-        ``kl_ratio``), else 0 (the coverage is checked where the request words are known)."""
+        ``kl_ratio``), ``probe.margin`` when the language probe also reads it as a language, else 0
+        (the coverage is checked where the request words are known)."""
         if self.block not in pooled:
             return 0.0
         _, share = dominant_script(text)
         if share < self.min_share:
             return 0.0
         kl, lang = self.estimate(pooled[self.block])
-        return self.margin if lang != "en" and kl <= self.kl_ratio * self.english_kl else 0.0
+        if lang == "en" or kl > self.kl_ratio * self.english_kl:
+            return 0.0
+        if self.probe is not None and self.probe.log_odds(unit(pooled[self.block])) > self.probe.threshold:
+            return max(self.margin, self.probe.margin)
+        return self.margin
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, np.float64)
+    return v / max(float(np.linalg.norm(v)), 1e-12)
 
 
 def dominant_script(text: str) -> tuple[str | None, float]:
@@ -103,10 +139,15 @@ def save(path: Path, weights_sha256: str, rule: LanguageRule) -> None:
     meta = {"version": VERSION, "weights_sha256": weights_sha256, "block": rule.block, "k": rule.k,
             "kl_ratio": rule.kl_ratio, "min_share": rule.min_share, "min_coverage": rule.min_coverage,
             "margin": rule.margin, "info": rule.info}
+    probe = {}
+    if rule.probe is not None:
+        meta["probe"] = {"bias": rule.probe.bias, "threshold": rule.probe.threshold, "margin": rule.probe.margin}
+        probe = {"probe_mu": rule.probe.mu.astype(np.float64), "probe_sd": rule.probe.sd.astype(np.float64),
+                 "probe_coef": rule.probe.coef.astype(np.float64)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), bank=rule.bank.astype(np.float16),
-                        kl=rule.kl.astype(np.float32), lang=np.array(rule.lang))
+                        kl=rule.kl.astype(np.float32), lang=np.array(rule.lang), **probe)
     tmp.replace(path)
 
 
@@ -117,11 +158,18 @@ def load(path: Path, weights_sha256: str) -> LanguageRule | None:
         with np.load(path, allow_pickle=False) as z:
             d = json.loads(str(z["meta"]))
             bank, kl, lang = z["bank"].astype(np.float32), z["kl"].astype(np.float32), tuple(str(x) for x in z["lang"])
+            probe = None
+            if "probe" in d:
+                mu, sd, coef = (z[k].astype(np.float64) for k in ("probe_mu", "probe_sd", "probe_coef"))
+                if not (mu.shape == sd.shape == coef.shape == bank.shape[1:] and np.all(sd > 0)):
+                    return None
+                probe = LanguageProbe(mu, sd, coef, float(d["probe"]["bias"]), float(d["probe"]["threshold"]),
+                                      float(d["probe"]["margin"]))
         if d.get("version") != VERSION or d.get("weights_sha256") != weights_sha256:
             return None
         if bank.ndim != 2 or len(bank) != len(kl) or len(kl) != len(lang) or "en" not in lang:
             return None
         return LanguageRule(int(d["block"]), bank, kl, lang, int(d["k"]), float(d["kl_ratio"]), float(d["min_share"]),
-                            float(d["min_coverage"]), float(d["margin"]), dict(d.get("info", {})))
+                            float(d["min_coverage"]), float(d["margin"]), dict(d.get("info", {})), probe)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
         return None
