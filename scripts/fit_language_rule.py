@@ -1,5 +1,5 @@
 """Fit protective degradation's language rule (``reference_engine/degradation/language_rule.py``,
-version 3: a damage bank and nearest neighbours) for the embedded weights, with the three splits
+version 4: a damage bank, nearest neighbours and a language probe) for the embedded weights, with the three splits
 kept apart:
 
 1. **Fit** the damage bank. On the plain requests of three development splits (``FIT``), each
@@ -21,7 +21,8 @@ kept apart:
    ``PROBE_FIT``, development splits neither the bank nor the choice uses: a logistic model on the
    same pooled direction, plain requests in other languages (positive) against odd inputs, both
    where the score finds them odd. Its threshold (a quantile of the fit's odd inputs' log-odds)
-   and its margin join the grid, ranked as above under the same cap.
+   and its margin join the grid, ranked as above under the same cap (ties also to the smaller probe
+   margin, and to no probe).
 3. **Report** on a split that chose nothing: ``rsp-bench degradation`` on the newest held-out
    split.
 
