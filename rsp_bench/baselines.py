@@ -19,7 +19,8 @@ Two kinds, because quality and speed travel differently:
   gates only once it holds ``SPEED_RUNS_NEEDED`` runs, so the gate knows the between-run
   spread and never takes one lucky run for the machine's speed. A baseline made by other
   engine code (``extra.code_digest``) is stale: reported, not gated, and replaced by the
-  next update. Where none can gate, speed is reported, not gated, and the suites' portable
+  next update. What back-to-back runs cannot show, the drift between sessions, the gate reads
+  from the published runs beside the baselines folder (:meth:`Baselines.drift`). Where none can gate, speed is reported, not gated, and the suites' portable
   speed budgets and ``rsp-bench ab`` judge it.
 
 **One pair per run size.** A quick run (``--rsp-quick``) and a full run draw different prompt
@@ -69,6 +70,7 @@ from typing import Any, Mapping
 
 from rsp_bench.errors import HarnessInputError, RecordError
 from rsp_bench.records import git_commit, latest_records, load_record, validate_record
+from rsp_bench.speed_drift import Drift, session_drift
 from rsp_bench.storage import atomic_write_json
 
 __all__ = [
@@ -247,6 +249,7 @@ class Baselines:
     quality_path: Path
     speed_path: Path
     run_code: str | None = None  # the judged run's engine code digest
+    run: Mapping[str, Any] | None = None  # the judged run (its drift is read from the published runs)
 
     @property
     def speed_runs(self) -> int:
@@ -276,6 +279,19 @@ class Baselines:
             return {}
         table = self.speed["extra"].get("speed_spread") or {}
         return {(c, m): float(v) for c, metrics in table.items() for m, v in metrics.items()}
+
+    def drift(self) -> Drift:
+        """Between-session drift of this run's timing figures on its machine kind, read from the
+        published run records beside the baselines folder (``<baselines>/../runs``; the judged
+        run left out): ``rsp_bench.speed_drift``. The gate never calls a change inside it a
+        regression."""
+        if self.run is None:
+            return Drift()
+        results = self.speed_path.parent.parent
+        published = latest_records(results) if (results / "runs").is_dir() else []
+        timing = {m for conf in self.run["configurations"].values() for m in conf["metrics"]
+                  if metric_scope(m) == "machine"}
+        return session_drift(published, self.run, timing)
 
     def merged(self) -> dict[str, Any] | None:
         """One record holding both halves (the gate compares metric by metric)."""
@@ -331,7 +347,8 @@ def load_baseline(baselines_dir: str | os.PathLike[str], record: Mapping[str, An
         _check_same(spath, speed, record, (("model", "name"), ("model", "weights_sha256"), ("machine", "fingerprint")))
     extra = record.get("extra") if isinstance(record, Mapping) else None
     run_code = extra.get("code_digest") if isinstance(extra, Mapping) else None
-    return Baselines(quality, speed, qpath, spath, run_code=run_code)
+    return Baselines(quality, speed, qpath, spath, run_code=run_code,
+                     run=record if isinstance(record, Mapping) and "configurations" in record else None)
 
 
 def samples_path(path: Path) -> Path:

@@ -26,6 +26,9 @@ nothing, fails.
 A baseline metric with a ``range`` (several machines' quality baselines:
 ``rsp_bench.baselines.least_favourable``) regresses only past its least favourable bound and
 improves only past its most favourable one.
+A timing figure's relative tolerance widens to the stored runs' between-run spread and to its
+between-session drift on this machine kind (``rsp_bench.speed_drift``: a fresh CI runner is another
+session), whichever is larger; the table's tolerance column says which.
 Timing metrics (``rsp_bench.baselines.metric_scope`` "machine") are "info" when there is no
 speed baseline for this machine, when it is stale (made by other engine code) or when the
 timings were taken under contention: reported, not gated, and the summary says so in one line
@@ -53,6 +56,7 @@ from rsp_bench.baselines import DEFAULT_BASELINES_DIR, load_baseline, metric_sco
 from rsp_bench.errors import RecordError
 from rsp_bench.gate_policy import DIRECTIONS, MetricRule, Policy, load_policy
 from rsp_bench.records import latest_records, load_record, validate_record
+from rsp_bench.speed_drift import DRIFT_SIGMAS, Drift
 
 __all__ = [
     "DIRECTIONS",
@@ -139,6 +143,7 @@ class GateReport:
     speed_gated: bool = True
     speed_reason: str = "no speed baseline for this machine"
     same_size: bool = True  # baseline and run drew the same prompt sets (both quick or both full)
+    drift_basis: str = ""  # what the between-session drift was read from (empty: not used)
 
     @property
     def passed(self) -> bool:
@@ -196,7 +201,8 @@ class GateReport:
         """One line on whether speed was judged against a stored baseline, and how to get it
         judged when it was not."""
         if self.speed_gated:
-            return "speed: gated against this machine's stored speed baseline (Holm-corrected Mann-Whitney)"
+            return ("speed: gated against this machine's stored speed baseline (Holm-corrected Mann-Whitney; "
+                    f"between-session drift from {self.drift_basis or 'nothing'})")
         return (f"speed: reported, not gated against a stored baseline ({self.speed_reason}); the suites' portable "
                 "speed budgets still apply. To judge speed here: `rsp-bench ab --base REF` (base and head "
                 "interleaved on this machine), or a speed baseline for this machine "
@@ -209,8 +215,12 @@ class GateReport:
         counts = ", ".join(f"{tally[v]} {v}" for v in order if tally[v])
         state = "PASSED" if self.passed else "FAILED"
         speed = "" if self.speed_gated else f"; speed reported, not gated ({self.speed_reason})"
+        # A CI log shows its last lines: name what regressed there, not only how many.
+        which = [f"{row['config']} {row['metric']} {_fmt_change(row['change'], row['change_kind'])} "
+                 f"(tolerance {row['tolerance']})" for row in self.regressions]
+        named = f"; regressed: {_some(which)}" if which else ""
         return (f"rsp-bench gate {state}: {counts or 'nothing to compare'} (baseline {self.baseline_id}, "
-                f"run {self.run_id}; {self.policy_source}{speed})")
+                f"run {self.run_id}; {self.policy_source}{speed}){named}")
 
     def _body(self) -> list[list[str]]:
         return [
@@ -305,7 +315,7 @@ def _tolerance(rule: MetricRule, base: Mapping[str, Any], now: Mapping[str, Any]
 
 
 def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, Any], policy: Policy,
-           spread: float = 0.0) -> dict[str, Any]:
+           spread: float = 0.0, drift: Drift | None = None) -> dict[str, Any]:
     """One row, with the significance test's raw p-value under ``"_p_raw"`` (the family-wise
     correction across rows happens in :func:`compare`)."""
     b, v = float(base["value"]), float(now["value"])
@@ -330,10 +340,17 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
                     note="at its floor (0): cannot regress, not gated")
     tolerance, described = _tolerance(rule, base, now)
     kind = "abs" if rule.kind == "flips" else rule.kind
-    if kind == "rel" and spread > tolerance:
-        # The stored runs of this machine already differ by more than the tolerance: a change
-        # inside that spread is the machine, not the code.
-        tolerance, described = spread, f"{described} (between-run spread {spread * 100:.1f}%)"
+    allowance = drift.allowance(config, metric, rule.direction) if drift is not None and kind == "rel" else 0.0
+    if kind == "rel" and max(spread, allowance) > tolerance:
+        # The stored runs of this machine already differ by more than the tolerance (spread),
+        # or the same code on this machine kind moved the figure that much between sessions (a
+        # fresh CI runner is another session): a change inside either is the machine, not the code.
+        if allowance >= spread:
+            tolerance = allowance
+            described = (f"{described} (between-session drift, {DRIFT_SIGMAS:g} sigma: {allowance * 100:.1f}%, "
+                         f"{drift.dof[(config, metric)]} dof)")
+        else:
+            tolerance, described = spread, f"{described} (between-run spread {spread * 100:.1f}%)"
     if kind == "abs":
         change = v - b
     elif b != 0:
@@ -412,14 +429,15 @@ def _apply_significance(rows: list[dict[str, Any]], alpha: float) -> None:
 
 def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy | None = None, *,
             speed_gated: bool = True, speed_reason: str = "no speed baseline for this machine",
-            spread: Mapping[tuple[str, str], float] | None = None) -> GateReport:
+            spread: Mapping[tuple[str, str], float] | None = None, drift: Drift | None = None) -> GateReport:
     """Compare ``run`` against ``baseline`` (both run records) metric by metric.
 
     ``speed_gated=False`` (no speed baseline for this machine, a stale one, or timings taken
     under contention: ``speed_reason`` says which) turns every machine-scope metric into
     "info", and a configuration that holds only such metrics is then reported, never "new".
     ``spread`` maps (configuration, metric) to the stored speed runs' relative spread: a
-    timing change inside it is never a regression. Rows come in a deterministic order:
+    timing change inside it is never a regression; nor is one inside ``drift``, the figure's
+    between-session drift on this machine kind (``rsp_bench.speed_drift``). Rows come in a deterministic order:
     configurations sorted by id, metrics by name. Records are validated first so a malformed
     one raises RecordError.
     """
@@ -471,13 +489,14 @@ def compare(baseline: Mapping[str, Any], run: Mapping[str, Any], policy: Policy 
                                  note="metric not in the baseline"))
             else:
                 rows.append(_judge(config, metric, base_metrics[metric], run_metrics[metric], policy,
-                                   spread.get((config, metric), 0.0)))
+                                   spread.get((config, metric), 0.0), drift if speed_gated else None))
     _apply_significance(rows, policy.alpha)
     if not any(c in base_configs for c in run_configs):
         warnings.append("no configuration is present in both records: nothing was gated")
     return GateReport(rows=rows, warnings=warnings, baseline_id=baseline["run_id"], run_id=run["run_id"],
                       policy_source=policy.source, speed_gated=speed_gated, speed_reason=speed_reason,
-                      same_size=baseline["quick"] == run["quick"])
+                      same_size=baseline["quick"] == run["quick"],
+                      drift_basis=drift.basis if drift is not None and speed_gated else "")
 
 
 # --------------------------------------------------------------------------- CLI glue
@@ -513,6 +532,7 @@ def run_gate(args: argparse.Namespace) -> int:
         run = newest[0]
     speed_problem: str | None = None
     spread: dict[tuple[str, str], float] = {}
+    drift: Drift | None = None
     if args.baseline:
         if not Path(args.baseline).exists():
             raise RecordError(f"--baseline: {args.baseline!r} does not exist")
@@ -520,6 +540,7 @@ def run_gate(args: argparse.Namespace) -> int:
     else:
         found = load_baseline(args.baselines, run)
         baseline, speed_problem, spread = found.merged(), found.speed_problem(), found.spread()
+        drift = found.drift()
         if baseline is None:
             size = "" if run["quick"] else "full-run "  # a full run is judged only against a full run's baseline
             message = (f"no {size}baseline for model {run['model']['name']!r}, engine "
@@ -533,7 +554,7 @@ def run_gate(args: argparse.Namespace) -> int:
         # measure the sharing, not the engine.
         speed_problem = f"timings taken under contention: {contended} (run speed with one worker per host)"
     report = compare(baseline, run, policy, speed_gated=speed_problem is None, speed_reason=speed_problem or "",
-                     spread=spread)
+                     spread=spread, drift=drift)
     print(report.format_markdown() if args.markdown else report.format_table())
     if not report.passed:
         return 1

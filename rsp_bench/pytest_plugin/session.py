@@ -190,7 +190,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reason = (f"timings taken under contention: {contended} (run speed with one worker per host)" if contended
               else found.speed_problem())
     report = compare(baseline, record, speed_gated=reason is None, speed_reason=reason or "",
-                     spread=found.spread())
+                     spread=found.spread(), drift=found.drift())
     lines.append(report.format_table())
     if not report.passed:
         state.failed_gate = True
