@@ -220,14 +220,20 @@ static inline __attribute__((always_inline)) void dot_multi(const float *W, int6
  * FMA, 15 loads for 12 FMAs, and the loop waits on the load ports (31 against 40 G lanes/s with
  * the tile in L1 on the 2-core AVX2 EPYC). Each accumulator takes dot_rows's FMAs in dot_rows's
  * k order, then its tail and hsum_pair, so every output is bit-identical to gemv_rows's.
- * pf: the weight rows to prefetch (RSP_TILE_PF_AHEAD tiles ahead) during the first pass, or NULL;
- * with it the 2-thread product of the 49152 x 576 head takes 5.7 ms for 8 x rows against 7.4 ms
- * with the 2 x 2 tile it replaces (27 against 37 ms for 64 rows). */
+ * pf: the weight tile RSP_TILE_PF_AHEAD tiles ahead, or NULL; pfr: which of its rows this call's
+ * chain 0 (pfr[0], pfr[1]) and chain 1 (pfr[2], pfr[3]) passes prefetch. gemv_multi spreads the
+ * four rows over every pass a tile gets (2 per x chunk): issued all in the first pass, 144 line
+ * prefetches in ~200 cycles filled the L1's miss buffers and that pass waited on them. With the 2 x 2
+ * tile it replaces, the 2-thread product of the 49152 x 576 head took 7.4 ms for 8 x rows; this tile
+ * with every prefetch in the first pass 5.6-6.1 ms, spread over the passes 5.1-5.2 ms (4 x rows:
+ * 4.1-4.8 against 3.8-3.9; 1 x row takes gemv_rows; 2026-12-07, the 2-core AVX2 EPYC, standalone
+ * over random weights, bit-identical outputs). */
 #ifndef RSP_TILE_PF_AHEAD
 #define RSP_TILE_PF_AHEAD 3
 #endif
 static inline __attribute__((always_inline)) void dot_tile43(const float *W, int64_t K, const float *x, int64_t xs,
-                                                             const int NB, const float *pf, float *o /* [4][3] */) {
+                                                             const int NB, const float *pf, const int *pfr,
+                                                             float *o /* [4][3] */) {
     __m256 a[4][3], b[4][3];
     const int64_t K16 = K & ~(int64_t)15;
     for (int chain = 0; chain < 2; chain++) {
@@ -235,8 +241,9 @@ static inline __attribute__((always_inline)) void dot_tile43(const float *W, int
         for (int r = 0; r < 4; r++)
             for (int j = 0; j < NB; j++) acc[r][j] = _mm256_setzero_ps();
         for (int64_t k = chain * 8; k < K16; k += 16) {
-            if (pf && chain == 0)
-                for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(pf + r * K + k), _MM_HINT_T0);
+            if (pf) /* chain 1's k is 8 past a line's start: prefetch that line */
+                for (int r = pfr[2 * chain]; r < pfr[2 * chain + 1]; r++)
+                    _mm_prefetch((const char *)(pf + r * K + (k & ~(int64_t)15)), _MM_HINT_T0);
             __m256 xv[3];
             for (int j = 0; j < NB; j++) {
                 xv[j] = _mm256_loadu_ps(x + j * xs + k);
@@ -298,15 +305,24 @@ static void gemv_multi(const float *W, int64_t K, int64_t n0, int64_t n1, const 
 #elif defined(__AVX2__) && defined(__FMA__)
     float o[12];
     int64_t n = n0;
+    /* each tile gets 2 passes per chunk of 3 x rows; its 4 rows' prefetches are shared among them */
+    const int passes = 2 * (int)((B + 2) / 3), per = (4 + passes - 1) / passes;
     for (; n + 4 <= n1; n += 4) {
         const float *pf = n + 4 * (RSP_TILE_PF_AHEAD + 1) <= n1 ? W + (n + 4 * RSP_TILE_PF_AHEAD) * K : NULL;
         for (int64_t b0 = 0; b0 < B; b0 += 3) {
             const int nb = (int)(B - b0 < 3 ? B - b0 : 3);
-            const float *xb = x + b0 * xs, *p = b0 == 0 ? pf : NULL;
+            const float *xb = x + b0 * xs;
+            int pfr[4]; /* the rows this x chunk's two passes prefetch (dot_tile43) */
+            for (int c = 0; c < 2; c++) {
+                const int lo = ((int)(b0 / 3) * 2 + c) * per;
+                pfr[2 * c] = lo < 4 ? lo : 4;
+                pfr[2 * c + 1] = lo + per < 4 ? lo + per : 4;
+            }
+            const float *p = pfr[0] < 4 ? pf : NULL;
             switch (nb) { /* constant NB: the accumulators stay in registers */
-            case 3: dot_tile43(W + n * K, K, xb, xs, 3, p, o); break;
-            case 2: dot_tile43(W + n * K, K, xb, xs, 2, p, o); break;
-            default: dot_tile43(W + n * K, K, xb, xs, 1, p, o); break;
+            case 3: dot_tile43(W + n * K, K, xb, xs, 3, p, pfr, o); break;
+            case 2: dot_tile43(W + n * K, K, xb, xs, 2, p, pfr, o); break;
+            default: dot_tile43(W + n * K, K, xb, xs, 1, p, pfr, o); break;
             }
             for (int j = 0; j < nb; j++) {
                 float *yb = y + (b0 + j) * ys + n;
