@@ -56,7 +56,7 @@ from rsp_bench.baselines import DEFAULT_BASELINES_DIR, load_baseline, metric_sco
 from rsp_bench.errors import RecordError
 from rsp_bench.gate_policy import DIRECTIONS, MetricRule, Policy, load_policy
 from rsp_bench.records import latest_records, load_record, validate_record
-from rsp_bench.speed_drift import DRIFT_SIGMAS, Drift
+from rsp_bench.speed_drift import DRIFT_LEVEL, Drift
 
 __all__ = [
     "DIRECTIONS",
@@ -347,7 +347,7 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
         # fresh CI runner is another session): a change inside either is the machine, not the code.
         if allowance >= spread:
             tolerance = allowance
-            described = (f"{described} (between-session drift, {DRIFT_SIGMAS:g} sigma: {allowance * 100:.1f}%, "
+            described = (f"{described} (between-session drift, {DRIFT_LEVEL:.0%} bound: {allowance * 100:.1f}%, "
                          f"{drift.dof[(config, metric)]} dof)")
         else:
             tolerance, described = spread, f"{described} (between-run spread {spread * 100:.1f}%)"

@@ -17,8 +17,12 @@ of the machine kind, engine under test and run size a baseline serves:
 * for every group with two or more sessions, each session's median of the figure, on a log
   scale, is compared with its group's mean: the pooled standard deviation of those deviations
   (degrees of freedom: sessions minus one, summed over groups) is the drift ``sigma``;
-* the gate allows ``DRIFT_SIGMAS`` sigmas: a change of a "higher is better" figure by a factor
-  below ``exp(-3 sigma)`` (above ``exp(3 sigma)`` for "lower") can still regress.
+* the gate allows what a new session's median may differ from the baseline's own session's at 99%,
+  given only that sigma and its degrees of freedom: ``t(dof, 0.995) * sqrt(2) * sigma`` on the log
+  scale (a prediction bound: two sessions' medians differ with variance 2 sigma^2, and a sigma read
+  from few sessions is itself uncertain, hence Student's t). With 4 dof that is 6.5 sigma, with 2 dof
+  14 sigma: few sessions know little. Stop 62 first allowed a flat 3 sigma; its third fresh-clone CI
+  read the reference over transformers 18.1% down against an allowance of 17.6% (4 dof).
 
 The run being judged never counts (its ``run_id`` is left out), nor partial or contended runs.
 With no group of two sessions the drift is unknown and the gate says so; the baseline's own
@@ -35,13 +39,27 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-__all__ = ["SESSION_GAP_S", "DRIFT_SIGMAS", "Drift", "sessions", "session_drift"]
+__all__ = ["SESSION_GAP_S", "DRIFT_LEVEL", "Drift", "t_995", "sessions", "session_drift"]
 
 # A session of this project is one machine for up to three hours, its runs minutes apart; two
 # sessions are hours apart. An hour splits them without splitting a baseline's three runs.
 SESSION_GAP_S = 3600.0
-# Three sigmas: an unchanged run lands outside in about 3 of 1,000 sessions (normal on a log scale).
-DRIFT_SIGMAS = 3.0
+# Two-sided 99%: an unchanged run's session lands outside about 1 time in 100.
+DRIFT_LEVEL = 0.99
+# Student's t at 0.995 by degrees of freedom (tables; the gate may not import scipy); between two
+# rows the smaller dof's (larger) value, past the last the normal's.
+_T_995 = ((1, 63.657), (2, 9.925), (3, 5.841), (4, 4.604), (5, 4.032), (6, 3.707), (7, 3.499), (8, 3.355),
+          (9, 3.250), (10, 3.169), (12, 3.055), (15, 2.947), (20, 2.845), (30, 2.750), (60, 2.660))
+_Z_995 = 2.576
+
+
+def t_995(dof: int) -> float:
+    """Student's t quantile at 0.995 for ``dof`` >= 1 degrees of freedom (conservatively rounded down in dof)."""
+    value = _T_995[0][1]
+    for d, t in _T_995:
+        if dof >= d:
+            value = t
+    return value if dof <= _T_995[-1][0] else _Z_995
 
 
 @dataclass
@@ -54,11 +72,13 @@ class Drift:
     basis: str = "no published runs"
 
     def allowance(self, config: str, metric: str, direction: str) -> float:
-        """The relative change in the worse direction that the drift alone explains (0 when unknown)."""
+        """The relative change in the worse direction that the drift alone explains at DRIFT_LEVEL
+        (0 when unknown): the prediction bound of the module's docstring."""
         sigma = self.sigma.get((config, metric))
         if sigma is None:
             return 0.0
-        return (1.0 - math.exp(-DRIFT_SIGMAS * sigma)) if direction == "higher" else (math.exp(DRIFT_SIGMAS * sigma) - 1.0)
+        bound = t_995(self.dof[(config, metric)]) * math.sqrt(2.0) * sigma
+        return (1.0 - math.exp(-bound)) if direction == "higher" else (math.exp(bound) - 1.0)
 
 
 def _time(record: Mapping[str, Any]) -> _dt.datetime:

@@ -14,7 +14,7 @@ import pytest
 from rsp_bench.baselines import load_baseline, update_baseline
 from rsp_bench.gate import compare, configure_gate_parser, run_gate
 from rsp_bench.records import RunRecordBuilder, write_record
-from rsp_bench.speed_drift import DRIFT_SIGMAS, Drift, session_drift, sessions
+from rsp_bench.speed_drift import Drift, session_drift, sessions, t_995
 
 MACHINE = {"fingerprint": "f00dfeed0002", "hostname": "h", "platform": "p", "cpu": "c", "cores": 2,
            "memory_gb": 8.0, "gpu": None}
@@ -37,6 +37,12 @@ def _run(speedup: float, *, at: str, code: str = "aaaa", machine: dict | None = 
 
 def _day(hour: int, minute: int = 0) -> str:
     return f"2026-12-06T{hour:02d}:{minute:02d}:00+00:00"
+
+
+def test_student_t_is_conservative_between_table_rows() -> None:
+    assert t_995(1) == pytest.approx(63.657) and t_995(4) == pytest.approx(4.604)
+    assert t_995(11) == pytest.approx(3.169)  # the smaller dof's value: a wider bound
+    assert t_995(1000) == pytest.approx(2.576)
 
 
 def test_sessions_are_cut_at_an_hours_gap() -> None:
@@ -64,8 +70,9 @@ def test_drift_pools_session_medians_of_each_code_version_on_a_log_scale() -> No
     assert drift.sigma[(CROSS, "speedup_vs_off")] == pytest.approx(expected)
     assert drift.dof[(CROSS, "speedup_vs_off")] == 1
     assert "2 sessions of 1 engine code version" in drift.basis
-    assert drift.allowance(CROSS, "speedup_vs_off", "higher") == pytest.approx(1 - math.exp(-DRIFT_SIGMAS * expected))
-    assert drift.allowance(CROSS, "speedup_vs_off", "lower") == pytest.approx(math.exp(DRIFT_SIGMAS * expected) - 1)
+    bound = 63.657 * math.sqrt(2) * expected  # Student's t at 0.995 with 1 dof: one session pair knows little
+    assert drift.allowance(CROSS, "speedup_vs_off", "higher") == pytest.approx(1 - math.exp(-bound))
+    assert drift.allowance(CROSS, "speedup_vs_off", "lower") == pytest.approx(math.exp(bound) - 1)
     assert drift.allowance(CROSS, "kl_mean", "higher") == 0.0
     lonely = session_drift(runs[:3], like, ["speedup_vs_off"])
     assert not lonely.sigma and "no engine code version with runs in two sessions" in lonely.basis
@@ -80,7 +87,7 @@ def _baseline(tmp_path: Path) -> Path:
 
 def test_the_gate_allows_the_drift_and_still_fails_past_it(tmp_path: Path) -> None:
     baselines = _baseline(tmp_path)
-    sigma = 0.05  # 3 sigma: a drop to exp(-0.15) = 0.861 is the runner
+    sigma = 0.02  # 3 dof: t 5.841 * sqrt(2) * 0.02 = 0.165, a drop to exp(-0.165) = 0.848 is the runner
     drift = Drift(sigma={(CROSS, "speedup_vs_off"): sigma}, dof={(CROSS, "speedup_vs_off"): 3}, basis="test")
     base = load_baseline(baselines, _run(2.0, at=_day(22))).merged()
     drop = _run(2.0 * 0.87, at=_day(22))  # -13%: past the policy's 10%, inside the drift
