@@ -348,7 +348,7 @@ def _judge(config: str, metric: str, base: Mapping[str, Any], now: Mapping[str, 
         if allowance >= spread:
             tolerance = allowance
             described = (f"{described} (between-session drift, {DRIFT_LEVEL:.0%} bound: {allowance * 100:.1f}%, "
-                         f"{drift.dof[(config, metric)]} dof)")
+                         f"{drift.describe(config, metric)})")
         else:
             tolerance, described = spread, f"{described} (between-run spread {spread * 100:.1f}%)"
     if kind == "abs":

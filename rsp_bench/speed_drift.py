@@ -25,8 +25,15 @@ of the machine kind, engine under test and run size a baseline serves:
   read the reference over transformers 18.1% down against an allowance of 17.6% (4 dof).
 
 The run being judged never counts (its ``run_id`` is left out), nor partial or contended runs.
-With no group of two sessions the drift is unknown and the gate says so; the baseline's own
-spread and the policy's tolerance then decide, as before.
+
+**A machine kind with no two sessions yet borrows** (stop 63). Its first speed baseline is three
+back-to-back runs, which show no between-session drift; judged with the policy's 10% alone, its next
+CI session would go red on the same host drift that failed stop 61 on another kind. So a figure with
+no drift of its own on this machine kind takes the widest allowance any other machine kind with
+runs in two sessions shows for it (same weights, run size and engine under test), and says which
+kind it was read from. A kind's own drift, once published, replaces the borrowed one. With no kind
+showing any, the drift is unknown and the gate says so; the baseline's own spread and the policy's
+tolerance then decide, as before.
 
 Must NOT import torch, transformers, reference_engine or rsp_bench.gate (the gate uses this).
 """
@@ -70,15 +77,25 @@ class Drift:
     sigma: dict[tuple[str, str], float] = field(default_factory=dict)
     dof: dict[tuple[str, str], int] = field(default_factory=dict)
     basis: str = "no published runs"
+    # (configuration, metric) -> the machine kind (fingerprint) whose drift this kind borrowed
+    borrowed: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def bound(self, config: str, metric: str) -> float:
+        """The prediction bound on the log scale (0 when unknown)."""
+        sigma = self.sigma.get((config, metric))
+        return 0.0 if sigma is None else t_995(self.dof[(config, metric)]) * math.sqrt(2.0) * sigma
 
     def allowance(self, config: str, metric: str, direction: str) -> float:
         """The relative change in the worse direction that the drift alone explains at DRIFT_LEVEL
         (0 when unknown): the prediction bound of the module's docstring."""
-        sigma = self.sigma.get((config, metric))
-        if sigma is None:
-            return 0.0
-        bound = t_995(self.dof[(config, metric)]) * math.sqrt(2.0) * sigma
+        bound = self.bound(config, metric)
         return (1.0 - math.exp(-bound)) if direction == "higher" else (math.exp(bound) - 1.0)
+
+    def describe(self, config: str, metric: str) -> str:
+        """"N dof", and the machine kind it was borrowed from where it was."""
+        kind = self.borrowed.get((config, metric))
+        dof = f"{self.dof[(config, metric)]} dof"
+        return dof if kind is None else f"{dof}, borrowed from machine kind {kind}"
 
 
 def _time(record: Mapping[str, Any]) -> _dt.datetime:
@@ -101,9 +118,9 @@ def _engine(record: Mapping[str, Any]) -> str:
     return str(record.get("extra", {}).get("engine_under_test") or "reference")
 
 
-def _comparable(record: Mapping[str, Any], like: Mapping[str, Any]) -> bool:
+def _comparable(record: Mapping[str, Any], like: Mapping[str, Any], any_machine: bool = False) -> bool:
     extra = record.get("extra", {})
-    return (record["machine"]["fingerprint"] == like["machine"]["fingerprint"]
+    return ((any_machine or record["machine"]["fingerprint"] == like["machine"]["fingerprint"])
             and record["model"].get("weights_sha256") == like["model"].get("weights_sha256")
             and bool(record["quick"]) == bool(like["quick"])
             and _engine(record) == _engine(like)
@@ -114,12 +131,37 @@ def _comparable(record: Mapping[str, Any], like: Mapping[str, Any]) -> bool:
 
 def session_drift(records: Iterable[Mapping[str, Any]], like: Mapping[str, Any], metrics: Iterable[str]) -> Drift:
     """The drift of ``metrics`` (names) for runs like ``like`` (same machine kind, weights, size
-    and engine under test), from ``records`` (published run records; ``like`` itself is skipped)."""
+    and engine under test), from ``records`` (published run records; ``like`` itself is skipped).
+    A figure with no drift on this machine kind borrows the widest another kind shows (the module's
+    docstring)."""
     wanted = set(metrics)
+    by_kind: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        if _comparable(record, like, any_machine=True):
+            by_kind.setdefault(str(record["machine"]["fingerprint"]), []).append(record)
+    own_kind = str(like["machine"]["fingerprint"])
+    drift = _kind_drift(by_kind.pop(own_kind, []), wanted)
+    lent: dict[tuple[str, str], tuple[float, float, int, str]] = {}
+    for kind, kind_records in sorted(by_kind.items()):
+        other = _kind_drift(kind_records, wanted)
+        for key, sigma in other.sigma.items():
+            bound = other.bound(*key)
+            if key not in drift.sigma and (key not in lent or bound > lent[key][0]):
+                lent[key] = (bound, sigma, other.dof[key], kind)
+    for key, (_, sigma, dof, kind) in lent.items():
+        drift.sigma[key], drift.dof[key], drift.borrowed[key] = sigma, dof, kind
+    if lent:
+        kinds = sorted({kind for *_, kind in lent.values()})
+        drift.basis += (f"; {len(lent)} figure(s) with none here borrow the widest drift of another machine kind "
+                        f"({', '.join(kinds)})")
+    return drift
+
+
+def _kind_drift(records: Iterable[Mapping[str, Any]], wanted: set[str]) -> Drift:
+    """The drift of ``wanted`` metrics among ``records`` of one machine kind (already filtered)."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
-        if _comparable(record, like):
-            groups.setdefault(str(record["extra"]["code_digest"]), []).append(record)
+        groups.setdefault(str(record["extra"]["code_digest"]), []).append(record)
     squares: dict[tuple[str, str], float] = {}
     dof: dict[tuple[str, str], int] = {}
     used_groups = used_sessions = 0

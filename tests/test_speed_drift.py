@@ -123,3 +123,42 @@ def test_the_gate_reads_the_drift_from_the_published_runs_beside_the_baselines(
     for minute in (0, 5, 10):
         update_baseline(_run(2.0, at=_day(20, minute)), lone)
     assert run_gate(parser.parse_args(["--run", str(path), "--baselines", str(lone)])) == 1
+
+
+OTHER = {**MACHINE, "fingerprint": "0ther0ther00"}
+THIRD = {**MACHINE, "fingerprint": "th1rdth1rd00"}
+
+
+def test_a_machine_kind_with_no_two_sessions_borrows_the_widest_drift_of_another_kind() -> None:
+    like = _run(2.0, at=_day(23))
+    other = [_run(2.0, at=_day(1), machine=OTHER), _run(1.6, at=_day(5), machine=OTHER)]  # moved 20%
+    third = [_run(2.0, at=_day(1), machine=THIRD), _run(1.9, at=_day(5), machine=THIRD)]  # moved 5%
+    own_session = [_run(2.0, at=_day(20, m)) for m in (0, 5, 10)]  # three back-to-back runs: no drift of its own
+    drift = session_drift([*other, *third, *own_session, like], like, ["speedup_vs_off"])
+    key = (CROSS, "speedup_vs_off")
+    assert drift.borrowed[key] == "0ther0ther00"  # the wider of the two
+    assert drift.sigma[key] == pytest.approx(math.sqrt(2 * (math.log(2.0 / 1.6) / 2) ** 2))
+    assert "borrowed from machine kind 0ther0ther00" in drift.describe(*key)
+    assert "1 figure(s) with none here borrow the widest drift of another machine kind (0ther0ther00)" in drift.basis
+    # once this kind has two sessions of its own, its own drift replaces the borrowed one
+    own_later = [_run(1.95, at=_day(22, m)) for m in (0, 5)]
+    mine = session_drift([*other, *third, *own_session, *own_later, like], like, ["speedup_vs_off"])
+    assert key not in mine.borrowed and mine.sigma[key] == pytest.approx(
+        math.sqrt(2 * (math.log(2.0 / 1.95) / 2) ** 2))
+    # a kind's drift is never lent across weights, run sizes or engines under test
+    assert not session_drift([_run(2.0, at=_day(1), machine=OTHER, quick=False),
+                              _run(1.6, at=_day(5), machine=OTHER, quick=False), like], like, ["speedup_vs_off"]).sigma
+
+
+def test_the_gate_on_a_new_machine_kind_allows_borrowed_drift_and_says_so(tmp_path: Path) -> None:
+    baselines = _baseline(tmp_path)
+    results = baselines.parent
+    # four sessions of the other kind (3 dof): a bound of about 31%
+    for at, value in ((_day(1), 2.0), (_day(4), 1.8), (_day(7), 1.9), (_day(10), 1.85)):
+        write_record(_run(value, at=at, machine=OTHER), results)
+    judged = _run(2.0 * 0.87, at=_day(22))  # -13%: past the policy's 10%, inside the other kind's drift
+    found = load_baseline(baselines, judged)
+    row, = [r for r in compare(found.merged(), judged, drift=found.drift()).rows if r["metric"] == "speedup_vs_off"]
+    assert row["verdict"] == "ok" and "borrowed from machine kind 0ther0ther00" in row["tolerance"]
+    halved = _run(1.0, at=_day(22))  # an engine half as fast is still no drift
+    assert not compare(found.merged(), halved, drift=load_baseline(baselines, halved).drift()).passed
