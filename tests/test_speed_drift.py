@@ -145,9 +145,12 @@ def test_a_machine_kind_with_no_two_sessions_borrows_the_widest_drift_of_another
     mine = session_drift([*other, *third, *own_session, *own_later, like], like, ["speedup_vs_off"])
     assert key not in mine.borrowed and mine.sigma[key] == pytest.approx(
         math.sqrt(2 * (math.log(2.0 / 1.95) / 2) ** 2))
-    # a kind's drift is never lent across weights, run sizes or engines under test
+    # a kind's drift is never lent across run sizes or engines under test
     assert not session_drift([_run(2.0, at=_day(1), machine=OTHER, quick=False),
                               _run(1.6, at=_day(5), machine=OTHER, quick=False), like], like, ["speedup_vs_off"]).sigma
+    assert not session_drift([_run(2.0, at=_day(1), machine=OTHER, engine="reference"),
+                              _run(1.6, at=_day(5), machine=OTHER, engine="reference"), like], like,
+                             ["speedup_vs_off"]).sigma
 
 
 def test_the_gate_on_a_new_machine_kind_allows_borrowed_drift_and_says_so(tmp_path: Path) -> None:
