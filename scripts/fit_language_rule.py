@@ -1,6 +1,6 @@
 """Fit protective degradation's language rule (``reference_engine/degradation/language_rule.py``,
-version 4: a damage bank, nearest neighbours and a language probe) for the embedded weights, with the three splits
-kept apart:
+version 5: a damage bank, nearest neighbours, a language probe and a per-language damage table) for the embedded
+weights, with the three splits kept apart:
 
 1. **Fit** the damage bank. On the plain requests of three development splits (``FIT``), each
    prompt gets pruning's damage at the engine's default configuration (teacher-forced top-1 and KL
@@ -23,10 +23,17 @@ kept apart:
    where the score finds them odd. Its threshold (a quantile of the fit's odd inputs' log-odds)
    and its margin join the grid, ranked as above under the same cap (ties also to the smaller probe
    margin, and to no probe).
+   Version 5 (stop 64) adds the *damage table* (``damage_table``): each language's mean KL over
+   English's, pooled over the bank's fit splits and the per-language damage the reports of
+   ``TABLE_REPORTS`` (development splits, not CHOOSE's) measured; the neighbours' most common
+   language is looked up in it. Its "hurt more" verdicts (a sign test over splits) are the ones the
+   choice counts. ``--reuse-rule FILE`` keeps a stored rule's bank, probe, k, coverage and margins
+   and chooses only the damage ratio again (stop 64, from version 4's file: 17 minutes, most of it
+   reading the choose splits, which ``--choose-reads FILE`` keeps).
 3. **Report** on a split that chose nothing: ``rsp-bench degradation`` on the newest held-out
    split.
 
-Writes ``reference_engine/data/calibration/<weights>-language-damage-v4.npz`` (``--out``
+Writes ``reference_engine/data/calibration/<weights>-language-damage-v5.npz`` (``--out``
 elsewhere), the per-prompt fit rows (``results/language_rule_fit.json``) and the choice's grid
 (``results/language_rule_choice.json``), atomically. Reads the score through a wrapper of
 ``ood.judge`` (a measurement tool: the engine's path is unchanged). About 6 minutes on 2 cores with
@@ -34,6 +41,7 @@ elsewhere), the per-prompt fit rows (``results/language_rule_fit.json``) and the
 (``--probe-reads FILE`` keeps that read in FILE and reuses it).
 
     python scripts/fit_language_rule.py [--reuse-fit] [--probe-reads FILE]
+    python scripts/fit_language_rule.py --reuse-fit --reuse-rule OLD_RULE.npz [--choose-reads FILE]   # stop 64
     python scripts/fit_language_rule.py --reuse-fit --fit-more --out /tmp/more.npz   # stop 49's comparison
 
 Stop 49's six-split bank (``--fit-more``, 1,264 requests; the 723 new rows took 16 min on 2 idle
@@ -67,6 +75,13 @@ CHOOSE = ("degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04c", "
 # the newest first (their odd kinds are the ones blind splits keep writing).
 PROBE_FIT = tuple("degradation_heldout_2026-" + s for s in ("12-05f", "12-05g", "12-06b", "12-06c", "12-06d", "12-06e",
                                                             "12-06k", "12-06l", "12-06m"))
+# Version 5's damage table: besides the bank's rows, the per-language damage that the reports of
+# these development splits measured (each split's languages against its own English; all at the
+# default since stop 55's predictor). Not CHOOSE's splits, and never a held-out one.
+TABLE_REPORTS = tuple("degradation_heldout_2026-" + s for s in ("12-06b", "12-06c", "12-06d", "12-06e", "12-06f",
+                                                                "12-06g", "12-06h", "12-06k", "12-06l", "12-06m",
+                                                                "12-07a", "12-07b", "12-07c"))
+HURT_ALPHA = 0.05  # a language is "hurt more" in the table when a one-sided sign test over splits says so
 PROBE_RIDGE = 0.01
 PROBE_ODD_QUANTILES = (None, 0.9, 0.95, 0.98, 0.99)  # None: no probe (version 3's rule)
 PROBE_MARGINS = (3.0, 4.0, 5.0, 6.0)
@@ -179,6 +194,44 @@ def verdicts(rows: list[dict]) -> dict[str, bool]:
             for L in langs}
 
 
+def damage_table(fit_rows: list[dict], reports: tuple[str, ...]) -> tuple[dict[str, float], dict[str, dict]]:
+    """Version 5's per-language damage table: each language's mean KL over English's, pooled over
+    the sources that measured both (each fit split's bank rows, and each report's per-language
+    damage), English weighted by the language's own items on each source; and the evidence per
+    language (items, splits, splits above English, and "hurt" by a one-sided sign test over the
+    splits at ``HURT_ALPHA``; with fewer than 5 splits, by ``verdicts`` on the bank's rows)."""
+    from math import comb
+
+    per: dict[str, list[tuple[str, int, float, float]]] = {}  # lang -> (split, items, its KL, English KL)
+    for split in sorted({r["split"] for r in fit_rows}):
+        rows = [r for r in fit_rows if r["split"] == split]
+        en = [r["kl_mean"] for r in rows if r["lang"] == "en"]
+        for lang in sorted({r["lang"] for r in rows} - {"en"}):
+            kl = [r["kl_mean"] for r in rows if r["lang"] == lang]
+            per.setdefault(lang, []).append((split, len(kl), float(np.mean(kl)), float(np.mean(en))))
+    for split in reports:
+        damage = json.loads((REPO / "results" / f"{split}.json").read_text())["languages_damage"]
+        for lang, v in damage.items():
+            if lang != "en" and v.get("items"):
+                per.setdefault(lang, []).append((split, int(v["items"]), float(v["kl_mean"]),
+                                                 float(damage["en"]["kl_mean"])))
+    bank_verdicts = verdicts(fit_rows)
+    table, evidence = {}, {}
+    for lang, src in sorted(per.items()):
+        n = sum(x[1] for x in src)
+        ratio = sum(x[1] * x[2] for x in src) / max(sum(x[1] * x[3] for x in src), 1e-12)
+        above = sum(x[2] > x[3] for x in src)
+        if len(src) >= 5:
+            p = sum(comb(len(src), j) for j in range(above, len(src) + 1)) / 2 ** len(src)
+            hurt = p < HURT_ALPHA
+        else:
+            p, hurt = None, bool(bank_verdicts.get(lang, False))
+        table[lang] = round(ratio, 4)
+        evidence[lang] = {"items": n, "splits": len(src), "splits_above_english": above,
+                          "sign_p": None if p is None else round(p, 5), "hurt_more": hurt}
+    return table, evidence
+
+
 def read_probe_fit(cache: Path | None) -> list[dict]:
     """The plain requests in other languages and the odd inputs of ``PROBE_FIT``, read as
     ``read_prompts`` reads them; from ``cache`` (a pickle this wrote) when it holds these splits."""
@@ -226,7 +279,6 @@ def choose(rows: list[dict], bank, hurt: dict[str, bool], probe=None, odd_log_od
     by_score = [r for r in rows if r["reason"] == "ood_score" and r["pooled"] is not None
                 and dominant_script(r["text"])[1] >= MIN_SHARE]
     n_odd = sum(1 for r in rows if r["group"] == "odd")
-    english = bank.english_kl
     reads = [probe.log_odds(unit(r["pooled"])) if probe is not None else -np.inf for r in by_score]
     arms = [(None, None)] + [(q, pm) for q in PROBE_ODD_QUANTILES if q is not None and probe is not None
                              for pm in PROBE_MARGINS]
@@ -236,8 +288,8 @@ def choose(rows: list[dict], bank, hurt: dict[str, bool], probe=None, odd_log_od
         for ratio, c, m, (q, pm) in ((ratio, c, m, arm) for ratio in KL_RATIOS for c in COVERAGES for m in MARGINS
                                      for arm in arms):
             t = float(np.quantile(odd_log_odds, q)) if q is not None else np.inf
-            excused = [r for r, (kl, lang), lo in zip(by_score, near, reads)
-                       if lang != "en" and kl <= ratio * english and r["coverage"] >= c
+            excused = [r for r, (est, lang), lo in zip(by_score, near, reads)
+                       if lang != "en" and est <= ratio and r["coverage"] >= c
                        and r["score"] <= r["threshold"] + (max(m, pm) if lo > t else m)]
             counts = {"odd": sum(r["group"] == "odd" for r in excused),
                       "data_request": sum(r["group"] == "data_request" for r in excused),
@@ -263,6 +315,56 @@ def choose(rows: list[dict], bank, hurt: dict[str, bool], probe=None, odd_log_od
                      "by_score_in_one_script": len(by_score), "grid": grid}
 
 
+def _counts(excused: list[dict], hurt: dict[str, bool]) -> dict[str, int]:
+    return {"odd": sum(r["group"] == "odd" for r in excused),
+            "data_request": sum(r["group"] == "data_request" for r in excused),
+            "plain_en": sum(r["group"] == "plain_en" for r in excused),
+            "spared_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is False for r in excused),
+            "hurt_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is True for r in excused),
+            "unjudged_language": sum(r["group"] == "plain_language" and r["lang"] not in hurt for r in excused)}
+
+
+def choose_ratio(rows: list[dict], rule, hurt: dict[str, bool]) -> tuple[dict, dict]:
+    """``--reuse-rule``: only the damage ratio is chosen again (``KL_RATIOS``), the rule's k,
+    coverage, margins and probe kept; ranked as ``choose`` ranks, under the same cap."""
+    from reference_engine.degradation.language_rule import dominant_script
+
+    by_score = [r for r in rows if r["reason"] == "ood_score" and r["pooled"] is not None
+                and dominant_script(r["text"])[1] >= MIN_SHARE]
+    n_odd = sum(1 for r in rows if r["group"] == "odd")
+    grid, best = {}, None
+    for ratio in KL_RATIOS:
+        arm = dataclasses.replace(rule, kl_ratio=ratio)
+        excused = [r for r in by_score if r["coverage"] >= arm.min_coverage
+                   and r["score"] <= r["threshold"] + arm.margin_for(r["text"], {arm.block: r["pooled"]})
+                   and arm.margin_for(r["text"], {arm.block: r["pooled"]}) > 0]
+        grid[f"kl_ratio={ratio}"] = counts = _counts(excused, hurt)
+        if counts["odd"] <= MAX_ODD_EXCUSED * n_odd:
+            rank = (counts["spared_language"] - counts["hurt_language"], -ratio)
+            if best is None or rank > best[0]:
+                best = (rank, {"kl_ratio": ratio, "key": f"kl_ratio={ratio}"})
+    degraded = {g: sum(1 for r in rows if r["reason"] is not None and r["group"] == g)
+                for g in ("plain_language", "plain_en", "data_request", "odd")}
+    return best[1], {"items": len(rows), "odd_items": n_odd, "degraded_without_the_rule": degraded,
+                     "by_score_in_one_script": len(by_score), "grid": grid}
+
+
+def reused_rule(path: Path):
+    """The bank, probe and settings of a stored rule file of any version (``--reuse-rule``)."""
+    from reference_engine.degradation.language_rule import LanguageProbe, LanguageRule
+
+    with np.load(path, allow_pickle=False) as z:
+        d = json.loads(str(z["meta"]))
+        probe = None
+        if "probe" in d:
+            probe = LanguageProbe(z["probe_mu"].astype(np.float64), z["probe_sd"].astype(np.float64),
+                                  z["probe_coef"].astype(np.float64), float(d["probe"]["bias"]),
+                                  float(d["probe"]["threshold"]), float(d["probe"]["margin"]))
+        return LanguageRule(int(d["block"]), z["bank"].astype(np.float32), z["kl"].astype(np.float32),
+                            tuple(str(x) for x in z["lang"]), int(d["k"]), float(d["kl_ratio"]), float(d["min_share"]),
+                            float(d["min_coverage"]), float(d["margin"]), dict(d.get("info", {})), probe), d
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="rule file (default: the packaged one for the embedded weights)")
@@ -272,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-reads", type=Path, default=None,
                    help="keep the read of the language probe's fit splits in this file (pickle) and reuse it when "
                         "it is there (the read takes about 15 minutes)")
+    p.add_argument("--choose-reads", type=Path, default=None,
+                   help="keep the read of the choose splits in this file (pickle) and reuse it when it is there "
+                        "(the read takes about 15 minutes)")
+    p.add_argument("--reuse-rule", type=Path, default=None,
+                   help="keep this rule file's bank, probe, k, coverage and margins (any version) and choose only "
+                        "the damage ratio against version 5's table (reads only the choose splits)")
     p.add_argument("--reuse-fit", action="store_true",
                    help=f"keep the fit rows {FIT_ROWS.relative_to(REPO)} holds; measure only the splits it lacks")
     a = p.parse_args(argv)
@@ -323,38 +431,81 @@ def main(argv: list[str] | None = None) -> int:
             "rows": rows})
 
     fit_rows = measure_fit_rows(fit, stored, save)
+    table, evidence = damage_table(fit_rows, () if a.fit_more else TABLE_REPORTS)
+    hurt = {L: e["hurt_more"] for L, e in evidence.items()}
+    print(f"damage table: {len(table)} languages; not hurt more than English: "
+          f"{sorted(L for L, h in hurt.items() if not h)}", file=sys.stderr)
+    sha = weights_digest(resolve_model(None)[1])
+    out = a.out or language_rule.rule_path(REPO / "reference_engine" / "data", sha)
+    table_info = {"language_ratio": {"fitted_on": list(fit) + list(TABLE_REPORTS if not a.fit_more else ()),
+                                     "rule": "each language's mean KL over English's, pooled over the fit splits' "
+                                             "bank rows and the reports' per-language damage, English weighted by "
+                                             "the language's items on each split",
+                                     "evidence": evidence}}
+
+    def read_choose() -> list[dict]:
+        import pickle
+
+        if a.choose_reads is not None and a.choose_reads.exists():
+            rows = pickle.loads(a.choose_reads.read_bytes())
+            if sorted({r["split"] for r in rows}) == sorted(CHOOSE):
+                return rows
+            print(f"warning: {a.choose_reads} holds other splits; reading again", file=sys.stderr)
+        rows = [{"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"], "lang": x.get("lang"),
+                 "text": x["text"]} for split in CHOOSE for x in _items(split) if x["group"] != "payload_alone"]
+        for r, s in zip(rows, read_prompts([r["text"] for r in rows])):
+            r.update(s)
+        if a.choose_reads is not None:
+            tmp = a.choose_reads.with_name(a.choose_reads.name + ".tmp")
+            tmp.write_bytes(pickle.dumps(rows))
+            tmp.replace(a.choose_reads)
+        return rows
+
+    if a.reuse_rule is not None:
+        kept, _ = reused_rule(a.reuse_rule)
+        kept = dataclasses.replace(kept, language_ratio=table)
+        chosen, summary = choose_ratio(read_choose(), kept, hurt)
+        print(f"chosen on {', '.join(CHOOSE)}: {chosen['key']}: {summary['grid'][chosen['key']]}", file=sys.stderr)
+        info = {**kept.info, **table_info, "command": "python scripts/fit_language_rule.py --reuse-rule FILE",
+                "reused_from": a.reuse_rule.name, "not_hurt_more_in_fit": sorted(L for L, h in hurt.items() if not h),
+                "rule": "a plain request whose k nearest bank requests (cosine of the pooled direction) are mostly "
+                        "one language other than English, whose measured damage (the table) is <= kl_ratio x "
+                        "English's, is judged against the threshold + margin (the probe's where it reads a "
+                        "language); kl_ratio chosen again with k, coverage, margins and probe kept",
+                "choice": f"k={kept.k},{chosen['key']},coverage={kept.min_coverage},margin={kept.margin}",
+                "choice_counts": summary["grid"][chosen["key"]]}
+        rule = dataclasses.replace(kept, kl_ratio=chosen["kl_ratio"], info=info)
+        language_rule.save(out, sha, rule)
+        atomic_write_json(choice_file, {"what": "the language rule's damage ratio chosen again (version 5's table) "
+                                                "on the choose splits", "command": "python scripts/fit_language_rule.py "
+                                        + " ".join(argv or sys.argv[1:]), "chosen": chosen, **summary})
+        print(f"wrote {out} and {choice_file.relative_to(REPO)}", file=sys.stderr)
+        return 0
+
     texts = {(split, x["id"]): x["text"] for split in fit for x in _items(split)}
     read = read_prompts([texts[(r["split"], r["id"])] for r in fit_rows])
     keep = [(r, s) for r, s in zip(fit_rows, read) if s["pooled"] is not None]  # a text rule took the rest
     en = [r["kl_mean"] for r, _ in keep if r["lang"] == "en"]
-    hurt = verdicts(fit_rows)
     bank = language_rule.LanguageRule(
         BLOCK, np.stack([s["pooled"] / max(np.linalg.norm(s["pooled"]), 1e-12) for _, s in keep]).astype(np.float32),
         np.array([r["kl_mean"] for r, _ in keep], np.float32), tuple(r["lang"] for r, _ in keep), 8, 1.5, MIN_SHARE,
-        1.0, 0.0, {})
-    print(f"bank: {len(keep)} of {len(fit_rows)} fit requests ({len(en)} English, KL {np.mean(en):.4f}); "
-          f"not hurt more than English: {sorted(L for L, h in hurt.items() if not h)}", file=sys.stderr)
+        1.0, 0.0, {}, language_ratio=table)
+    print(f"bank: {len(keep)} of {len(fit_rows)} fit requests ({len(en)} English, KL {np.mean(en):.4f})", file=sys.stderr)
     probe_rows = read_probe_fit(a.probe_reads)
     probe, odd_log_odds, probe_counts = fit_probe(probe_rows)
     print(f"language probe: {probe_counts['languages']} plain requests in other languages against "
           f"{probe_counts['odd']} odd inputs, each as the score finds them, on {', '.join(PROBE_FIT)}", file=sys.stderr)
-    rows = [{"split": split, "id": x["id"], "group": x["group"], "kind": x["kind"], "lang": x.get("lang"),
-             "text": x["text"]} for split in CHOOSE for x in _items(split) if x["group"] != "payload_alone"]
-    for r, s in zip(rows, read_prompts([r["text"] for r in rows])):
-        r.update(s)
-    chosen, summary = choose(rows, bank, hurt, probe, odd_log_odds)
+    chosen, summary = choose(read_choose(), bank, hurt, probe, odd_log_odds)
     print(f"chosen on {', '.join(CHOOSE)}: {chosen['key']}: {summary['grid'][chosen['key']]}", file=sys.stderr)
-    sha = weights_digest(resolve_model(None)[1])
-    out = a.out or language_rule.rule_path(REPO / "reference_engine" / "data", sha)
     info = {"command": "python scripts/fit_language_rule.py", "fitted_on": list(fit), "chosen_on": list(CHOOSE),
             "measured_with": {"mode": default.mode, "router": default.router, "sensitivity": default.sensitivity,
                               "damage_tokens": DAMAGE_TOKENS},
             "english": {"prompts": len(en), "kl_mean": round(float(np.mean(en)), 4)},
-            "not_hurt_more_in_fit": sorted(L for L, h in hurt.items() if not h),
-            "rule": "a plain request whose k nearest bank requests (cosine of the pooled direction) are mostly not "
-                    "English and have a mean KL <= kl_ratio x English's is judged against the threshold + margin; "
-                    f"chosen: most excused in languages not hurt more minus those hurt more, odd excused <= "
-                    f"{MAX_ODD_EXCUSED:.0%}",
+            "not_hurt_more_in_fit": sorted(L for L, h in hurt.items() if not h), **table_info,
+            "rule": "a plain request whose k nearest bank requests (cosine of the pooled direction) are mostly one "
+                    "language other than English, whose measured damage (the table) is <= kl_ratio x English's, is "
+                    "judged against the threshold + margin; chosen: most excused in languages not hurt more minus "
+                    f"those hurt more, odd excused <= {MAX_ODD_EXCUSED:.0%}",
             "probe": {"fitted_on": list(PROBE_FIT), **probe_counts, "ridge": PROBE_RIDGE,
                       "rule": "log-odds of a plain request in another language against odd input, on the unit pooled "
                               "direction at the block; above the threshold (the chosen quantile of the fit's odd "
@@ -365,12 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     rule = dataclasses.replace(bank, k=chosen["k"], kl_ratio=chosen["kl_ratio"], min_coverage=chosen["min_coverage"],
                                margin=chosen["margin"], info=info, probe=chosen_probe)
     language_rule.save(out, sha, rule)
-    atomic_write_json(choice_file, {"what": "the language rule's choice (version 4) on the choose splits",
+    atomic_write_json(choice_file, {"what": "the language rule's choice (version 5) on the choose splits",
                                "command": "python scripts/fit_language_rule.py " + " ".join(argv or sys.argv[1:]),
                                "chosen": chosen, **summary})
     print(f"wrote {out} and {choice_file.relative_to(REPO)}", file=sys.stderr)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -69,10 +69,31 @@ def test_margin_for_with_the_language_probe(pooled, margin):
     assert PROBED.margin_for("Nawezaje kubadilisha nenosiri langu?", {27: pooled}) == margin
 
 
-def test_estimate_is_the_neighbours_mean_damage_and_language():
-    kl, lang = RULE.estimate(_unit(2))
-    assert lang == "de" and kl == pytest.approx(0.5)
+def test_estimate_without_a_table_is_the_neighbours_mean_damage_over_english():
+    ratio, lang = RULE.estimate(_unit(2))
+    assert lang == "de" and ratio == pytest.approx(5.0)  # 0.5 against English's 0.1
     assert RULE.english_kl == pytest.approx(0.1)
+
+
+# version 5: the language's measured damage must also be within the ratio: here the table says
+# Swahili is hurt twice as much as English (its bank rows say 1.2x) and German no more (its rows 5x)
+TABLED = lr.LanguageRule(**{**RULE.__dict__, "language_ratio": {"sw": 2.0, "de": 1.0}})
+
+
+@pytest.mark.parametrize("pooled, margin", [
+    (_unit(1), 0.0),  # reads as Swahili: its neighbours are within the ratio, the language is not
+    (_unit(2), 0.0),  # reads as German: the language is within it, its neighbours are not
+    (_unit(0), 0.0),  # English-like: never excused
+])
+def test_the_table_can_only_take_a_margin_away(pooled, margin):
+    assert TABLED.margin_for("Nawezaje kubadilisha nenosiri langu?", {27: pooled}) == margin
+
+
+def test_a_language_missing_from_the_table_is_judged_by_its_neighbours():
+    rule = lr.LanguageRule(**{**RULE.__dict__, "language_ratio": {"de": 1.0}})
+    assert rule.margin_for("Nawezaje kubadilisha nenosiri langu?", {27: _unit(1)}) == 1.0
+    assert lr.LanguageRule(**{**RULE.__dict__, "language_ratio": {"sw": 1.4}}).margin_for(
+        "Nawezaje kubadilisha nenosiri langu?", {27: _unit(1)}) == 1.0  # both within 1.5
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -89,6 +110,9 @@ def test_save_and_load_round_trip(tmp_path):
     assert back.probe is not None and back.probe.threshold == 1.0 and back.probe.margin == 3.0
     np.testing.assert_array_equal(back.probe.coef, PROBE.coef)
     assert back.margin_for("Nawezaje kubadilisha nenosiri langu?", {27: _unit(1)}) == 3.0
+    assert back.language_ratio is None
+    lr.save(path, sha, TABLED)
+    assert lr.load(path, sha).language_ratio == {"sw": 2.0, "de": 1.0}
 
 
 def test_load_refuses_missing_damaged_and_foreign_files(tmp_path):
@@ -111,6 +135,9 @@ def test_load_refuses_missing_damaged_and_foreign_files(tmp_path):
 
     assert lr.load(rewrite(version=lr.VERSION + 1), sha) is None  # other version
     assert lr.load(rewrite(version=lr.VERSION, margin=None), sha) is None  # a field of the wrong type
+    assert lr.load(rewrite(version=lr.VERSION, margin=1.0, language_ratio={"sw": "x"}), sha) is None
+    assert lr.load(rewrite(language_ratio={"sw": float("nan")}), sha) is None  # a damage that is not a number
+    assert lr.load(rewrite(language_ratio={"sw": 1.2}), sha).language_ratio == {"sw": 1.2}
     lr.save(path, sha, lr.LanguageRule(27, BANK[:4], RULE.kl[:3], RULE.lang[:3], 3, 1.5, 0.9, 0.8, 1.0, {}))
     assert lr.load(path, sha) is None  # bank and damage of different lengths
     lr.save(path, sha, lr.LanguageRule(27, BANK[3:6], RULE.kl[3:6], RULE.lang[3:6], 3, 1.5, 0.9, 0.8, 1.0, {}))
@@ -141,7 +168,10 @@ def test_the_packaged_rule_loads_for_the_embedded_weights():
     probe_fit = set(info.get("probe", {}).get("fitted_on", ()))
     assert set(info["fitted_on"]).isdisjoint(info["chosen_on"]) and probe_fit.isdisjoint(info["chosen_on"])
     assert rule.probe is None or probe_fit  # a probe names its fit
-    used = set(info["fitted_on"]) | set(info["chosen_on"]) | probe_fit
+    table_fit = set(info.get("language_ratio", {}).get("fitted_on", ()))
+    assert rule.language_ratio is None or table_fit  # a damage table names its fit
+    assert table_fit.isdisjoint(info["chosen_on"])
+    used = set(info["fitted_on"]) | set(info["chosen_on"]) | probe_fit | table_fit
     assert used.isdisjoint({"degradation_heldout_2026-12-04d", "degradation_heldout_2026-12-05",
                             "degradation_heldout_2026-12-05b", "degradation_heldout_2026-12-05c",
                             "degradation_heldout_2026-12-05d", "degradation_heldout_2026-12-05e"})
