@@ -242,6 +242,8 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
         "tune": ("sweep sensitivity and recommend one", *lazy("tune", "configure_tune_parser", "run_tune")),
         "degradation": ("protective degradation on a held-out prompt file: rates, each error's cost, the check's cost",
                         *lazy("degradation_report", "configure_parser", "run")),
+        "language-damage": ("pruning's damage per language pooled over several degradation reports (sign test over splits)",
+                            *lazy("language_damage_pool", "configure_parser", "run")),
         "loadtest": ("bounded concurrent load against an OpenAI-compatible server, checked",
                      *lazy("loadtest", "configure_parser", "run")),
         # The server lives beside the engine it serves (it must not import the harness).

@@ -164,6 +164,7 @@ def open_for_append(flag: str, path: str):
 _INPUT_FILES = {"gate": (("baseline", "--baseline"), ("run", "--run"), ("policy", "--policy")),
                 "compare": (("a", "RUN_A"), ("b", "RUN_B")),
                 "tune": (("from_table", "--from-table"),), "degradation": (("prompts", "--prompts"),),
+                "language-damage": (("split", "--split"),),
                 "lossless": (("prompts", "--prompts"),),
                 "router-curve": (("held_out", "--held-out"), ("tune_from", "--tune-from")),
                 "sensitivity-scale": (("prompts", "--prompts"),)}
@@ -173,6 +174,7 @@ _INPUT_FILES = {"gate": (("baseline", "--baseline"), ("run", "--run"), ("policy"
 # measurement: a path that cannot be written must fail now, not after the work is lost.
 _OUTPUT_PATHS = {"router-curve": (("out", "--out", False),), "sensitivity-scale": (("out", "--out", False),),
                  "lossless": (("out", "--out", False),), "degradation": (("out", "--out", False),),
+                 "language-damage": (("out", "--out", False),),
                  "loadtest": (("out", "--out", False),), "tune": (("out", "--out", True),),
                  "leaderboard": (("out", "--out", True),),
                  "ab": (("out", "--out", False), ("markdown", "--markdown", False), ("power_out", "--power-out", False),

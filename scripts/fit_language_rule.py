@@ -81,7 +81,6 @@ PROBE_FIT = tuple("degradation_heldout_2026-" + s for s in ("12-05f", "12-05g", 
 TABLE_REPORTS = tuple("degradation_heldout_2026-" + s for s in ("12-06b", "12-06c", "12-06d", "12-06e", "12-06f",
                                                                 "12-06g", "12-06h", "12-06k", "12-06l", "12-06m",
                                                                 "12-07a", "12-07b", "12-07c"))
-HURT_ALPHA = 0.05  # a language is "hurt more" in the table when a one-sided sign test over splits says so
 PROBE_RIDGE = 0.01
 PROBE_ODD_QUANTILES = (None, 0.9, 0.95, 0.98, 0.99)  # None: no probe (version 3's rule)
 PROBE_MARGINS = (3.0, 4.0, 5.0, 6.0)
@@ -197,38 +196,25 @@ def verdicts(rows: list[dict]) -> dict[str, bool]:
 def damage_table(fit_rows: list[dict], reports: tuple[str, ...]) -> tuple[dict[str, float], dict[str, dict]]:
     """Version 5's per-language damage table: each language's mean KL over English's, pooled over
     the sources that measured both (each fit split's bank rows, and each report's per-language
-    damage), English weighted by the language's own items on each source; and the evidence per
-    language (items, splits, splits above English, and "hurt" by a one-sided sign test over the
-    splits at ``HURT_ALPHA``; with fewer than 5 splits, by ``verdicts`` on the bank's rows)."""
-    from math import comb
+    damage; ``rsp_bench.language_damage_pool.pool``), and the evidence per language (items, splits,
+    splits above English, and "hurt more" by its sign test over the splits; with fewer splits than
+    it needs, by ``verdicts`` on the bank's rows)."""
+    from rsp_bench.language_damage_pool import pool
 
-    per: dict[str, list[tuple[str, int, float, float]]] = {}  # lang -> (split, items, its KL, English KL)
+    sources = []
     for split in sorted({r["split"] for r in fit_rows}):
         rows = [r for r in fit_rows if r["split"] == split]
-        en = [r["kl_mean"] for r in rows if r["lang"] == "en"]
-        for lang in sorted({r["lang"] for r in rows} - {"en"}):
-            kl = [r["kl_mean"] for r in rows if r["lang"] == lang]
-            per.setdefault(lang, []).append((split, len(kl), float(np.mean(kl)), float(np.mean(en))))
-    for split in reports:
-        damage = json.loads((REPO / "results" / f"{split}.json").read_text())["languages_damage"]
-        for lang, v in damage.items():
-            if lang != "en" and v.get("items"):
-                per.setdefault(lang, []).append((split, int(v["items"]), float(v["kl_mean"]),
-                                                 float(damage["en"]["kl_mean"])))
+        sources.append({lang: {"items": len(kl), "kl_mean": float(np.mean(kl))}
+                        for lang in {r["lang"] for r in rows}
+                        for kl in [[r["kl_mean"] for r in rows if r["lang"] == lang]]})
+    sources += [json.loads((REPO / "results" / f"{split}.json").read_text())["languages_damage"] for split in reports]
     bank_verdicts = verdicts(fit_rows)
     table, evidence = {}, {}
-    for lang, src in sorted(per.items()):
-        n = sum(x[1] for x in src)
-        ratio = sum(x[1] * x[2] for x in src) / max(sum(x[1] * x[3] for x in src), 1e-12)
-        above = sum(x[2] > x[3] for x in src)
-        if len(src) >= 5:
-            p = sum(comb(len(src), j) for j in range(above, len(src) + 1)) / 2 ** len(src)
-            hurt = p < HURT_ALPHA
-        else:
-            p, hurt = None, bool(bank_verdicts.get(lang, False))
-        table[lang] = round(ratio, 4)
-        evidence[lang] = {"items": n, "splits": len(src), "splits_above_english": above,
-                          "sign_p": None if p is None else round(p, 5), "hurt_more": hurt}
+    for lang, d in pool(sources).items():
+        hurt = d["hurt_more"] if d["hurt_more"] is not None else bool(bank_verdicts.get(lang, False))
+        table[lang] = d["ratio_to_en"]
+        evidence[lang] = {"items": d["items"], "splits": d["splits"], "splits_above_english": d["splits_above_en"],
+                          "sign_p": None if d["sign_p"] is None else round(d["sign_p"], 5), "hurt_more": hurt}
     return table, evidence
 
 

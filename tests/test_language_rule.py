@@ -178,7 +178,7 @@ def test_the_packaged_rule_loads_for_the_embedded_weights():
     from rsp_bench.degradation_report import REPORTED_SPLIT
 
     assert Path(REPORTED_SPLIT).parent.name not in used, "the language rule used the split the README reports"
-    # a split with no report in results/ is held out for one (12-07d when stop 63 reported 12-07c): never used
+    # a split with no report in results/ is held out for one (12-07e when stop 64 reported 12-07d): never used
     results = Path(reference_engine.__file__).parents[1] / "results"
     unreported = sorted(s for s in used if not (results / f"{s}.json").exists())
     assert not unreported, f"the language rule was fitted or chosen on unreported (held-out) splits: {unreported}"
