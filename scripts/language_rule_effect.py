@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, rule, file in arms:
         engine._language_rule, engine._language_rule_file = rule, file  # None: loaded again on first use
         count: collections.Counter = collections.Counter()
+        by_lang: collections.Counter = collections.Counter()
         for at in range(0, len(items), 8):
             batch = items[at:at + 8]
             for x, r in zip(batch, engine.generate([x["text"] for x in batch], max_new_tokens=1, config=cfg)):
@@ -79,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                     "lang_not_hurt" if x["lang"] in not_hurt else "lang_hurt")
                 count[g, "n"] += 1
                 count[g, "degraded"] += r.stats["degraded_reason"] is not None
+                if x["group"] == "plain_language":
+                    by_lang[x["lang"]] += r.stats["degraded_reason"] is not None
         print(label, {g: f"{count[g, 'degraded']}/{count[g, 'n']}" for g in GROUPS}, flush=True)
+        print("  plain requests degraded per language:", dict(sorted(by_lang.items())), flush=True)
     return 0
 
 
