@@ -266,6 +266,7 @@ def choose(rows: list[dict], bank, hurt: dict[str, bool], probe=None, odd_log_od
                 and dominant_script(r["text"])[1] >= MIN_SHARE]
     n_odd = sum(1 for r in rows if r["group"] == "odd")
     reads = [probe.log_odds(unit(r["pooled"])) if probe is not None else -np.inf for r in by_score]
+    table = bank.language_ratio or {}  # version 5: the language's measured damage must be within the ratio too
     arms = [(None, None)] + [(q, pm) for q in PROBE_ODD_QUANTILES if q is not None and probe is not None
                              for pm in PROBE_MARGINS]
     grid, best = {}, None
@@ -275,7 +276,7 @@ def choose(rows: list[dict], bank, hurt: dict[str, bool], probe=None, odd_log_od
                                      for arm in arms):
             t = float(np.quantile(odd_log_odds, q)) if q is not None else np.inf
             excused = [r for r, (est, lang), lo in zip(by_score, near, reads)
-                       if lang != "en" and est <= ratio and r["coverage"] >= c
+                       if lang != "en" and est <= ratio and table.get(lang, est) <= ratio and r["coverage"] >= c
                        and r["score"] <= r["threshold"] + (max(m, pm) if lo > t else m)]
             counts = {"odd": sum(r["group"] == "odd" for r in excused),
                       "data_request": sum(r["group"] == "data_request" for r in excused),
@@ -321,9 +322,9 @@ def choose_ratio(rows: list[dict], rule, hurt: dict[str, bool]) -> tuple[dict, d
     grid, best = {}, None
     for ratio in KL_RATIOS:
         arm = dataclasses.replace(rule, kl_ratio=ratio)
-        excused = [r for r in by_score if r["coverage"] >= arm.min_coverage
-                   and r["score"] <= r["threshold"] + arm.margin_for(r["text"], {arm.block: r["pooled"]})
-                   and arm.margin_for(r["text"], {arm.block: r["pooled"]}) > 0]
+        margins = [arm.margin_for(r["text"], {arm.block: r["pooled"]}) for r in by_score]
+        excused = [r for r, m in zip(by_score, margins)
+                   if m > 0 and r["coverage"] >= arm.min_coverage and r["score"] <= r["threshold"] + m]
         grid[f"kl_ratio={ratio}"] = counts = _counts(excused, hurt)
         if counts["odd"] <= MAX_ODD_EXCUSED * n_odd:
             rank = (counts["spared_language"] - counts["hurt_language"], -ratio)
