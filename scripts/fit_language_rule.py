@@ -278,15 +278,7 @@ def choose(rows: list[dict], bank, hurt: dict[str, bool], probe=None, odd_log_od
             excused = [r for r, (est, lang), lo in zip(by_score, near, reads)
                        if lang != "en" and est <= ratio and table.get(lang, est) <= ratio and r["coverage"] >= c
                        and r["score"] <= r["threshold"] + (max(m, pm) if lo > t else m)]
-            counts = {"odd": sum(r["group"] == "odd" for r in excused),
-                      "data_request": sum(r["group"] == "data_request" for r in excused),
-                      "plain_en": sum(r["group"] == "plain_en" for r in excused),
-                      "spared_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is False
-                                             for r in excused),
-                      "hurt_language": sum(r["group"] == "plain_language" and hurt.get(r["lang"]) is True
-                                           for r in excused),
-                      "unjudged_language": sum(r["group"] == "plain_language" and r["lang"] not in hurt
-                                               for r in excused)}
+            counts = _counts(excused, hurt)
             key = f"k={k},kl_ratio={ratio},coverage={c},margin={m}" + (
                 f",probe_odd_quantile={q},probe_margin={pm}" if q is not None else "")
             grid[key] = counts
