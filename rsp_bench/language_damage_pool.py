@@ -11,26 +11,21 @@ beside the split's own (the report's headline stays the split's own verdict).
 
 The language rule's damage table (``scripts/fit_language_rule.py``) pools the same way.
 
-Must not import torch, the engine or the harness's engines: it reads JSON reports only.
+Must not import the engine or the harness's engines: it reads JSON reports only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from math import comb
 from pathlib import Path
 from typing import Iterable, Mapping
 
 from rsp_bench.errors import HarnessInputError
+from rsp_bench.metrics.intervals import sign_test_greater_p
 
 HURT_ALPHA = 0.05  # the sign test's one-sided level
 MIN_SPLITS = 5  # with fewer splits a sign test cannot reach HURT_ALPHA (4 of 4 gives p 0.0625)
-
-
-def sign_p(above: int, splits: int) -> float:
-    """P(at least ``above`` of ``splits`` fair coin flips come up heads): the one-sided sign test."""
-    return sum(comb(splits, j) for j in range(above, splits + 1)) / 2 ** splits
 
 
 def pool(splits: Iterable[Mapping[str, Mapping]]) -> dict[str, dict]:
@@ -49,7 +44,7 @@ def pool(splits: Iterable[Mapping[str, Mapping]]) -> dict[str, dict]:
     out = {}
     for lang, src in sorted(per.items()):
         above = sum(kl > en for _, kl, en in src)
-        p = sign_p(above, len(src)) if len(src) >= MIN_SPLITS else None
+        p = sign_test_greater_p(above, len(src)) if len(src) >= MIN_SPLITS else None
         out[lang] = {"items": sum(n for n, _, _ in src), "splits": len(src),
                      "ratio_to_en": round(sum(n * kl for n, kl, _ in src) / max(sum(n * en for n, _, en in src), 1e-12), 4),
                      "splits_above_en": above, "sign_p": None if p is None else round(p, 6),

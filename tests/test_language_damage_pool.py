@@ -25,11 +25,17 @@ SPLITS = [_split(0.10, tl=(8, 0.20, 3), cy=(8, 0.09, 2), zu=(8, 0.1, 0)),
           _split(0.10, tl=(8, 0.12, 0), cy=(8, 0.09, 0))]
 
 
-def test_sign_p_is_the_one_sided_binomial_tail():
-    assert ldp.sign_p(4, 4) == 1 / 16
-    assert ldp.sign_p(0, 7) == 1.0
-    assert ldp.sign_p(5, 5) == pytest.approx(1 / 32)
-    assert ldp.sign_p(4, 5) == pytest.approx(6 / 32)
+def test_sign_test_is_the_one_sided_binomial_tail():
+    from rsp_bench.errors import HarnessInputError
+    from rsp_bench.metrics.intervals import sign_test_greater_p
+
+    assert sign_test_greater_p(4, 4) == 1 / 16
+    assert sign_test_greater_p(0, 7) == 1.0
+    assert sign_test_greater_p(5, 5) == pytest.approx(1 / 32)
+    assert sign_test_greater_p(4, 5) == pytest.approx(6 / 32)
+    for bad in ((6, 5), (-1, 5), (True, 5)):
+        with pytest.raises(HarnessInputError):
+            sign_test_greater_p(*bad)
 
 
 def test_pool_weighs_each_split_english_by_the_language_items():

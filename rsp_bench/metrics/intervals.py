@@ -1,5 +1,6 @@
 """Confidence intervals: percentile bootstrap (mean, paired difference, ratio) and Wilson score;
-and the one-sided permutation test of a difference in means that goes with them.
+and the one-sided tests that go with them: permutation (a difference in means) and sign (how often
+one side came out above).
 
 Must NOT import torch directly, transformers, the reference engine, the other metric
 modules (except the shared ``rsp_bench.metrics._checks``) or any rsp_bench module other
@@ -157,3 +158,15 @@ def permutation_mean_greater_p(candidate: Sequence[float], reference: Sequence[f
         diffs.append(cand_means - (pooled.sum() - cand_means * len(a)) / len(b))
     diffs = np.concatenate(diffs)
     return float((1 + np.sum(diffs >= observed - 1e-12)) / (permutations + 1))
+
+
+def sign_test_greater_p(above: int, n: int) -> float:
+    """One-sided sign test: P(at least ``above`` of ``n`` fair coin flips come up heads), the chance
+    that one side beats the other in ``above`` or more of ``n`` paired comparisons if neither is
+    better. With 4 comparisons it cannot go below 1/16."""
+    for name, v in (("above", above), ("n", n)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise HarnessInputError(f"{name} must be a non-negative integer, got {v!r}")
+    if above > n:
+        raise HarnessInputError(f"above must be at most n, got {above} of {n}")
+    return sum(math.comb(n, j) for j in range(above, n + 1)) / 2 ** n
