@@ -1,6 +1,6 @@
 """Fit protective degradation's language rule (``reference_engine/degradation/language_rule.py``,
-version 5: a damage bank, nearest neighbours, a language probe and a per-language damage table) for the embedded
-weights, with the three splits kept apart:
+version 6: a damage bank, nearest neighbours, a language probe, a per-language damage table and
+agreeing neighbours) for the embedded weights, with the three splits kept apart:
 
 1. **Fit** the damage bank. On the plain requests of three development splits (``FIT``), each
    prompt gets pruning's damage at the engine's default configuration (teacher-forced top-1 and KL
@@ -30,10 +30,14 @@ weights, with the three splits kept apart:
    choice counts. ``--reuse-rule FILE`` keeps a stored rule's bank, probe, k, coverage and margins
    and chooses only the damage ratio again (stop 64, from version 4's file: 17 minutes, most of it
    reading the choose splits, which ``--choose-reads FILE`` keeps).
+   Version 6 (stop 65) lets neighbours that agree on a language stand in for their own mean
+   (``AGREEMENTS``: how many of the k, and the table's bound on the language), chosen with the
+   ratio by ``--reuse-rule`` from version 5's file; 12-07d (reported blind for version 5, not in the
+   table) joined CHOOSE then, so that the choice sees Welsh requests the score finds odd.
 3. **Report** on a split that chose nothing: ``rsp-bench degradation`` on the newest held-out
    split.
 
-Writes ``reference_engine/data/calibration/<weights>-language-damage-v5.npz`` (``--out``
+Writes ``reference_engine/data/calibration/<weights>-language-damage-v6.npz`` (``--out``
 elsewhere), the per-prompt fit rows (``results/language_rule_fit.json``) and the choice's grid
 (``results/language_rule_choice.json``), atomically. Reads the score through a wrapper of
 ``ood.judge`` (a measurement tool: the engine's path is unchanged). About 6 minutes on 2 cores with
@@ -41,7 +45,7 @@ elsewhere), the per-prompt fit rows (``results/language_rule_fit.json``) and the
 (``--probe-reads FILE`` keeps that read in FILE and reuses it).
 
     python scripts/fit_language_rule.py [--reuse-fit] [--probe-reads FILE]
-    python scripts/fit_language_rule.py --reuse-fit --reuse-rule OLD_RULE.npz [--choose-reads FILE]   # stop 64
+    python scripts/fit_language_rule.py --reuse-fit --reuse-rule OLD_RULE.npz [--choose-reads FILE]   # stops 64, 65
     python scripts/fit_language_rule.py --reuse-fit --fit-more --out /tmp/more.npz   # stop 49's comparison
 
 Stop 49's six-split bank (``--fit-more``, 1,264 requests; the 723 new rows took 16 min on 2 idle
@@ -70,7 +74,7 @@ FIT = ("degradation_heldout_2026-12-03", "degradation_heldout_2026-12-03b", "deg
 # (docs/degradation.md, results/language_rule_fit_more_dev.json).
 FIT_MORE = FIT + ("degradation_heldout_2026-12-05c", "degradation_heldout_2026-12-05d", "degradation_heldout_2026-12-05e")
 CHOOSE = ("degradation_heldout_2026-12-04", "degradation_heldout_2026-12-04c", "degradation_heldout_2026-12-06i",
-          "degradation_heldout_2026-12-06j")
+          "degradation_heldout_2026-12-06j", "degradation_heldout_2026-12-07d")
 # The language probe's fit (version 4): development splits that neither the bank nor CHOOSE uses,
 # the newest first (their odd kinds are the ones blind splits keep writing).
 PROBE_FIT = tuple("degradation_heldout_2026-" + s for s in ("12-05f", "12-05g", "12-06b", "12-06c", "12-06d", "12-06e",
@@ -90,6 +94,9 @@ BLOCK = 27  # the deepest block the score pools (ood.blocks_for(30)): language s
 MIN_SHARE = 0.9
 KS = (4, 8, 16)
 KL_RATIOS = (1.0, 1.25, 1.5, 2.0)
+# Version 6: (neighbours of the k that must agree on the language, the table's bound on it); (None,
+# None) asks the neighbours' mean always, as version 5 did.
+AGREEMENTS = ((None, None),) + tuple((n, r) for n in (5, 6, 7, 8) for r in (1.0, 1.25, 1.5))
 COVERAGES = (0.5, 0.7, 0.8, 0.9)
 MARGINS = (0.5, 1.0, 1.5, 2.0, 3.0)
 MAX_ODD_EXCUSED = 0.01
@@ -304,24 +311,29 @@ def _counts(excused: list[dict], hurt: dict[str, bool]) -> dict[str, int]:
 
 
 def choose_ratio(rows: list[dict], rule, hurt: dict[str, bool]) -> tuple[dict, dict]:
-    """``--reuse-rule``: only the damage ratio is chosen again (``KL_RATIOS``), the rule's k,
-    coverage, margins and probe kept; ranked as ``choose`` ranks, under the same cap."""
+    """``--reuse-rule``: only the damage ratio (``KL_RATIOS``) and version 6's agreement
+    (``AGREEMENTS``) are chosen again, the rule's k, coverage, margins and probe kept; ranked as
+    ``choose`` ranks, under the same cap, ties to the lower ratio and the stricter agreement."""
     from reference_engine.degradation.language_rule import dominant_script
 
     by_score = [r for r in rows if r["reason"] == "ood_score" and r["pooled"] is not None
                 and dominant_script(r["text"])[1] >= MIN_SHARE]
     n_odd = sum(1 for r in rows if r["group"] == "odd")
     grid, best = {}, None
-    for ratio in KL_RATIOS:
-        arm = dataclasses.replace(rule, kl_ratio=ratio)
+    for ratio, (agree_n, agree_r) in ((ratio, agree) for ratio in KL_RATIOS for agree in AGREEMENTS):
+        if agree_r is not None and agree_r > ratio:
+            continue  # the table must be within the ratio anyway
+        arm = dataclasses.replace(rule, kl_ratio=ratio, agree_neighbours=agree_n, agree_ratio=agree_r)
         margins = [arm.margin_for(r["text"], {arm.block: r["pooled"]}) for r in by_score]
         excused = [r for r, m in zip(by_score, margins)
                    if m > 0 and r["coverage"] >= arm.min_coverage and r["score"] <= r["threshold"] + m]
-        grid[f"kl_ratio={ratio}"] = counts = _counts(excused, hurt)
+        key = f"kl_ratio={ratio}" + (f",agree_neighbours={agree_n},agree_ratio={agree_r}" if agree_n else "")
+        grid[key] = counts = _counts(excused, hurt)
         if counts["odd"] <= MAX_ODD_EXCUSED * n_odd:
-            rank = (counts["spared_language"] - counts["hurt_language"], -ratio)
+            rank = (counts["spared_language"] - counts["hurt_language"], -ratio, -(agree_r or 0.0),
+                    agree_n or rule.k + 1)
             if best is None or rank > best[0]:
-                best = (rank, {"kl_ratio": ratio, "key": f"kl_ratio={ratio}"})
+                best = (rank, {"kl_ratio": ratio, "agree_neighbours": agree_n, "agree_ratio": agree_r, "key": key})
     degraded = {g: sum(1 for r in rows if r["reason"] is not None and r["group"] == g)
                 for g in ("plain_language", "plain_en", "data_request", "odd")}
     return best[1], {"items": len(rows), "odd_items": n_odd, "degraded_without_the_rule": degraded,
@@ -447,16 +459,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chosen on {', '.join(CHOOSE)}: {chosen['key']}: {summary['grid'][chosen['key']]}", file=sys.stderr)
         info = {**kept.info, **table_info, "command": "python scripts/fit_language_rule.py --reuse-rule FILE",
                 "reused_from": a.reuse_rule.name, "not_hurt_more_in_fit": sorted(L for L, h in hurt.items() if not h),
+                "chosen_on": list(CHOOSE), "reused_choice_chosen_on": kept.info.get("chosen_on"),
                 "rule": "a plain request whose k nearest bank requests (cosine of the pooled direction) are mostly "
                         "one language other than English, whose measured damage (the table) is <= kl_ratio x "
-                        "English's, is judged against the threshold + margin (the probe's where it reads a "
-                        "language); kl_ratio chosen again with k, coverage, margins and probe kept",
+                        "English's, and whose neighbours' mean KL is too unless agree_neighbours of them are the "
+                        "language and the table has it <= agree_ratio, is judged against the threshold + margin "
+                        "(the probe's where it reads a language); kl_ratio and the agreement chosen again on "
+                        "chosen_on, k, coverage, margins and probe kept from the reused file's choice",
                 "choice": f"k={kept.k},{chosen['key']},coverage={kept.min_coverage},margin={kept.margin}",
                 "choice_counts": summary["grid"][chosen["key"]]}
-        rule = dataclasses.replace(kept, kl_ratio=chosen["kl_ratio"], info=info)
+        rule = dataclasses.replace(kept, kl_ratio=chosen["kl_ratio"], agree_neighbours=chosen["agree_neighbours"],
+                                   agree_ratio=chosen["agree_ratio"], info=info)
         language_rule.save(out, sha, rule)
-        atomic_write_json(choice_file, {"what": "the language rule's damage ratio chosen again (version 5's table) "
-                                                "on the choose splits", "command": "python scripts/fit_language_rule.py "
+        atomic_write_json(choice_file, {"what": "the language rule's damage ratio and agreement (version 6) chosen "
+                                                "again on the choose splits", "command": "python scripts/fit_language_rule.py "
                                         + " ".join(argv or sys.argv[1:]), "chosen": chosen, **summary})
         print(f"wrote {out} and {choice_file.relative_to(REPO)}", file=sys.stderr)
         return 0
@@ -495,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     rule = dataclasses.replace(bank, k=chosen["k"], kl_ratio=chosen["kl_ratio"], min_coverage=chosen["min_coverage"],
                                margin=chosen["margin"], info=info, probe=chosen_probe)
     language_rule.save(out, sha, rule)
-    atomic_write_json(choice_file, {"what": "the language rule's choice (version 5) on the choose splits",
+    atomic_write_json(choice_file, {"what": "the language rule's choice on the choose splits (no agreement arm)",
                                "command": "python scripts/fit_language_rule.py " + " ".join(argv or sys.argv[1:]),
                                "chosen": chosen, **summary})
     print(f"wrote {out} and {choice_file.relative_to(REPO)}", file=sys.stderr)

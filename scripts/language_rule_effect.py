@@ -7,7 +7,9 @@ and "hurt more" as the split's own report judged each language).
     python scripts/language_rule_effect.py --report R --also OTHER_RULE.npz [--only-also]
 
 ``--also`` adds an arm with another rule file for the same weights (stop 49 compared a six-split
-bank with the packaged rule this way on 12-05b, results/language_rule_more_effect_dev.json).
+bank with the packaged rule this way on 12-05b, results/language_rule_more_effect_dev.json);
+``--also-probe`` one with another instruction probe file and the packaged rule (stop 65: the probe
+before its refit, on 12-07e after its report).
 
 Its "not hurt more" is the report's verdict, measured at the default the report ran; where that
 default has changed since, ``scripts/language_rule_arms.py`` measures the damage again and counts
@@ -38,10 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, required=True, help="the split's rsp-bench degradation report (JSON)")
     ap.add_argument("--also", type=Path, default=None,
                     help="a third arm: another rule file for the same weights (an earlier fit, say)")
-    ap.add_argument("--only-also", action="store_true", help="run the --also arm alone")
+    ap.add_argument("--also-probe", type=Path, default=None,
+                    help="another arm: another instruction probe file for the same weights, with the packaged rule")
+    ap.add_argument("--only-also", action="store_true", help="run the --also and --also-probe arms alone")
     a = ap.parse_args(argv)
-    if a.only_also and a.also is None:
-        print("error: --only-also needs --also FILE", file=sys.stderr)
+    if a.only_also and a.also is None and a.also_probe is None:
+        print("error: --only-also needs --also FILE or --also-probe FILE", file=sys.stderr)
         return 2
     try:
         rep = json.loads(a.report.read_text())
@@ -57,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     not_hurt = {L for L, v in damage.items() if L != "en" and not v["hurts_more_than_en"]}
     items = [x for x in items if x["group"] in ("plain_language", "odd", "data_request")]
     engine = Engine.load(None)
-    arms: list[tuple[str, object, str | None]] = [("with the rule", None, None), ("without it", False, None)]
+    # (label, rule, its file, probe, its file); None: the packaged one, loaded again on first use
+    arms: list[tuple] = [("with the rule", None, None, None, None), ("without it", False, None, None, None)]
+    arms = arms[2:] if a.only_also else arms
     if a.also is not None:
         from reference_engine.degradation import language_rule
 
@@ -66,11 +72,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --also {a.also}: not a language rule for weights {engine.weights_sha256[:16]}",
                   file=sys.stderr)
             return 2
-        arms = arms[2:] if a.only_also else arms
-        arms.append((f"with {a.also.name}", other, a.also.name))
+        arms.append((f"with {a.also.name}", other, a.also.name, None, None))
+    if a.also_probe is not None:
+        from reference_engine.degradation import instruction_probe
+
+        probe = instruction_probe.load(a.also_probe, engine.weights_sha256)
+        if probe is None:
+            print(f"error: --also-probe {a.also_probe}: not an instruction probe for weights "
+                  f"{engine.weights_sha256[:16]}", file=sys.stderr)
+            return 2
+        arms.append((f"with the probe {a.also_probe.name}", None, None, probe, a.also_probe.name))
     cfg = PruningConfig(mode="lossy", sensitivity=0.5, hardware_watermark=0.0)
-    for label, rule, file in arms:
-        engine._language_rule, engine._language_rule_file = rule, file  # None: loaded again on first use
+    for label, rule, file, probe, probe_file in arms:
+        engine._language_rule, engine._language_rule_file = rule, file
+        engine._instruction_probe, engine._instruction_probe_file = probe, probe_file
         count: collections.Counter = collections.Counter()
         by_lang: collections.Counter = collections.Counter()
         for at in range(0, len(items), 8):

@@ -41,6 +41,12 @@ pooled over the fit splits, English weighted by the language's items on each spl
 spared only where both its neighbours' mean and its language's (their most common one) are within
 ``kl_ratio`` of English's; a language the table lacks is judged by its neighbours alone.
 
+Version 6 lets agreeing neighbours stand in for their own mean. A language's bank rows spread
+around the cap (Welsh's 8 nearest averaged 1.5-1.9x English on the blind splits 12-07c and 12-07d,
+while the table pools Welsh at 1.16x), so a request in it was spared or not by which 8 rows fell
+nearest. Where at least ``agree_neighbours`` of the ``k`` are one language and the table has that
+language within ``agree_ratio`` of English, the neighbours' mean is not asked; the table still is.
+
 Must NOT import ``rsp_bench``, torch, or other modules of this package but ``chars``; numpy and
 the stdlib only.
 """
@@ -58,8 +64,8 @@ import numpy as np
 
 from .chars import _script_of
 
-VERSION = 5  # 5: a per-language damage table decides (4: and a language probe;
-# 3: a damage bank of measured plain requests, nearest neighbours; 2: a loss cut per script)
+VERSION = 6  # 6: agreeing neighbours stand in for their mean; 5: the language's pooled damage must be
+# within the ratio too; 4: a language probe; 3: a bank of measured plain requests; 2: a loss cut per script
 
 
 @dataclass(frozen=True)
@@ -97,34 +103,55 @@ class LanguageRule:
     # version 5: each language's measured mean KL over English's, pooled over the fit splits; a
     # language missing from it is judged by its neighbours' rows alone
     language_ratio: dict[str, float] | None = None
+    # version 6: the neighbours' mean is not asked where at least ``agree_neighbours`` of the k are
+    # one language and the table has it within ``agree_ratio`` of English (None: always asked)
+    agree_neighbours: int | None = None
+    agree_ratio: float | None = None
 
     @property
     def english_kl(self) -> float:
         return float(self.kl[[x == "en" for x in self.lang]].mean())
 
-    def estimate(self, pooled: np.ndarray) -> tuple[float, str]:
+    def neighbours(self, pooled: np.ndarray) -> tuple[float, str, int]:
         """Pruning's damage on a prompt with this pooled direction as its ``k`` nearest bank requests
-        measured it (their mean KL over the bank's English), and their most common language."""
+        measured it (their mean KL over the bank's English), their most common language, and how
+        many of the ``k`` are that language."""
         v = np.asarray(pooled, np.float32)
         sims = self.bank @ (v / max(float(np.linalg.norm(v)), 1e-12))
         near = np.argsort(-sims, kind="stable")[: self.k]
-        lang = Counter(self.lang[i] for i in near).most_common(1)[0][0]
-        return float(self.kl[near].mean()) / max(self.english_kl, 1e-12), lang
+        lang, agreeing = Counter(self.lang[i] for i in near).most_common(1)[0]
+        return float(self.kl[near].mean()) / max(self.english_kl, 1e-12), lang, agreeing
+
+    def estimate(self, pooled: np.ndarray) -> tuple[float, str]:
+        """``neighbours``' damage estimate and language."""
+        ratio, lang, _ = self.neighbours(pooled)
+        return ratio, lang
+
+    def spares(self, ratio: float, lang: str, agreeing: int) -> bool:
+        """Whether a prompt whose neighbours say this is a language pruning hurts no more than
+        ``kl_ratio`` times English: the table (version 5) must say so of the language, and the
+        neighbours' own mean must too unless enough of them agree (version 6)."""
+        if lang == "en":
+            return False
+        table = self.language_ratio.get(lang, ratio) if self.language_ratio is not None else ratio
+        if table > self.kl_ratio:
+            return False
+        if ratio <= self.kl_ratio:
+            return True
+        return (self.agree_neighbours is not None and self.agree_ratio is not None
+                and agreeing >= self.agree_neighbours and table <= self.agree_ratio)
 
     def margin_for(self, text: str, pooled: dict[int, np.ndarray]) -> float:
-        """The margin this prompt gets: ``margin`` when its letters are mostly one script, its nearest
-        bank requests are another language, and pruning hurts neither them nor (version 5) that
-        language as measured more than ``kl_ratio`` times English, ``probe.margin`` when the language probe also reads it as a language, else 0
-        (the coverage is checked where the request words are known)."""
+        """The margin this prompt gets: ``margin`` when its letters are mostly one script and its
+        nearest bank requests say it is a language pruning spares (``spares``), ``probe.margin``
+        when the language probe also reads it as a language, else 0 (the coverage is checked where
+        the request words are known)."""
         if self.block not in pooled:
             return 0.0
         _, share = dominant_script(text)
         if share < self.min_share:
             return 0.0
-        ratio, lang = self.estimate(pooled[self.block])
-        if lang == "en" or ratio > self.kl_ratio:
-            return 0.0
-        if self.language_ratio is not None and self.language_ratio.get(lang, ratio) > self.kl_ratio:
+        if not self.spares(*self.neighbours(pooled[self.block])):
             return 0.0
         if self.probe is not None and self.probe.log_odds(unit(pooled[self.block])) > self.probe.threshold:
             return max(self.margin, self.probe.margin)
@@ -157,6 +184,8 @@ def save(path: Path, weights_sha256: str, rule: LanguageRule) -> None:
             "margin": rule.margin, "info": rule.info}
     if rule.language_ratio is not None:
         meta["language_ratio"] = {k: float(v) for k, v in rule.language_ratio.items()}
+    if rule.agree_neighbours is not None and rule.agree_ratio is not None:
+        meta["agreement"] = {"neighbours": int(rule.agree_neighbours), "ratio": float(rule.agree_ratio)}
     probe = {}
     if rule.probe is not None:
         meta["probe"] = {"bias": rule.probe.bias, "threshold": rule.probe.threshold, "margin": rule.probe.margin}
@@ -192,7 +221,13 @@ def load(path: Path, weights_sha256: str) -> LanguageRule | None:
             table = {str(k): float(v) for k, v in table.items()}
             if not all(np.isfinite(v) and v >= 0 for v in table.values()):
                 return None
+        agree_n = agree_r = None
+        if "agreement" in d:
+            agree_n, agree_r = d["agreement"]["neighbours"], float(d["agreement"]["ratio"])
+            if not (isinstance(agree_n, int) and 1 <= agree_n <= int(d["k"]) and np.isfinite(agree_r) and agree_r > 0):
+                return None
         return LanguageRule(int(d["block"]), bank, kl, lang, int(d["k"]), float(d["kl_ratio"]), float(d["min_share"]),
-                            float(d["min_coverage"]), float(d["margin"]), dict(d.get("info", {})), probe, table)
+                            float(d["min_coverage"]), float(d["margin"]), dict(d.get("info", {})), probe, table,
+                            agree_n, agree_r)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
         return None
