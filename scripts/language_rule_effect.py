@@ -8,8 +8,8 @@ and "hurt more" as the split's own report judged each language).
 
 ``--also`` adds an arm with another rule file for the same weights (stop 49 compared a six-split
 bank with the packaged rule this way on 12-05b, results/language_rule_more_effect_dev.json);
-``--also-probe`` one with another instruction probe file and the packaged rule (stop 65: the probe
-before its refit, on 12-07e after its report).
+``--also-probe`` one with another instruction probe file and the packaged rule (a refit of the probe,
+on a split reported with the packaged one).
 
 Its "not hurt more" is the report's verdict, measured at the default the report ran; where that
 default has changed since, ``scripts/language_rule_arms.py`` measures the damage again and counts
