@@ -7,7 +7,8 @@ numbers and strings the engine measures:
 
 - ``text_anomaly_reason``: text-level signals (invalid, control, zero-width and direction
   characters, runs, floods, mixed scripts, injection boilerplate, instructions planted for the
-  model in content), thresholds in ``TextThresholds``;
+  model in content, prose in a container with no request, words spelled out or tagged),
+  thresholds in ``TextThresholds``;
 - ``loss_anomaly_reason``, ``norm_anomaly_reason``, ``router_instability_reason``: model-level
   signals compared with numbers calibrated on normal text (``DetectorCalibration``);
 - ``first_reason``: the reason reported when several signals fire.
@@ -30,6 +31,8 @@ Layout (one concept per module; this package re-exports the public names):
   scan                  the one-pass character count of a prompt (_Scan)
   text_rules            text_anomaly_reason(s): the text-level rules over the scan
   embedded_instructions the embedded-instruction rule (indirect prompt injection) and its cues
+  containers            prose in a container (literals, text nodes) with no request around it
+  word_shapes           words spelled out letter by letter, or every word tagged
   model_checks          loss, hidden-norm and router-instability checks
   detector_calibration  DetectorCalibration, what the model-level checks compare against
   request_words         which tokens of a prompt are a request in words (the request rule's
@@ -43,7 +46,8 @@ and machine-made text, stacked combining marks) is ``reference_engine.ood``; the
 norm checks here stand in for it only for weights that have no fitted score.
 
 Imports go one way (reasons, thresholds, chars, model_checks import none of the others;
-scan imports chars; text_rules imports chars, scan, thresholds; detector_calibration imports
+scan imports chars; text_rules imports chars, containers, embedded_instructions, scan, thresholds, word_shapes;
+containers and word_shapes import none; detector_calibration imports
 model_checks; request_words and instruction_probe import none; language_rule imports chars);
 none imports this package's ``__init__``.
 """

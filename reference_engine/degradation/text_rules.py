@@ -4,7 +4,7 @@ in ``REASONS`` order.
 
 Must NOT import: ``rsp_bench`` (the engine never depends on the harness), torch (the
 harness and tests import this without a model), or modules of this package other than
-.chars, .scan, .embedded_instructions, .thresholds. Only stdlib.
+.chars, .containers, .embedded_instructions, .scan, .thresholds, .word_shapes. Only stdlib.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from functools import lru_cache
 from typing import Iterator
 
 from .chars import _is_emoji, _is_separator_char, _separator_neighbour_ok
+from .containers import prose_in_container
 from .embedded_instructions import embedded_instruction, normalise_for_patterns
 from .scan import _scan, _scan_ascii
 from .thresholds import TextThresholds
+from .word_shapes import spelled_out, tagged_words
 
 _RUN_RE = re.compile(r"(.)\1{11,}", re.DOTALL)
 _HEX_RUN_OK = frozenset("0fF")
@@ -268,6 +270,13 @@ def _iter_reasons(text: str, t: TextThresholds) -> Iterator[str]:
         yield "growing_lines"
     if not text.isascii() and even_letters(scanned, t.even_letters_min, t.even_letters_effective) is not None:
         yield "even_letters"
+    if spelled_out(scanned, t.spelled_min_distinct):
+        yield "spelled_out_word"
+    if tagged_words(scanned, t.tagged_min_words, t.tagged_share):
+        yield "tagged_words"
+    if t.container_min_spans and prose_in_container(scanned, t.container_min_spans, t.container_min_words,
+                                                    t.container_share):
+        yield "prose_in_container"
     injection_res, special_res = t._compiled
     if special_res and any(not special_token_named(scanned, m.start(), m.end())
                            for r in special_res for m in r.finditer(scanned)):

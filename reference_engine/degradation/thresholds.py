@@ -316,6 +316,28 @@ class TextThresholds:
     # version 3 with 12-06b (11,292 split and corpus items): 115 odd items, nothing else; version 4 with
     # 12-06c (12,023): 165 odd items, nothing else.
     embedded_min_families: int = 2
+    # A word spelled out letter by letter ("b.u.i.l.d", "s-i-l-e-n-c-e-r": ``word_shapes.spelled_out``)
+    # with at least this many different letters; 0 turns it off. Chosen on the text of every
+    # reported split and the normal corpus (2026-12-07, 22,988 items): 5 odd items fire (every
+    # hyphen- or dot-spelled banned word), nothing else; at 1 drum tabs ("x-x-x-x") and Java's
+    # abbreviated packages ("o.a.c.c.C") in 3 data requests would.
+    spelled_min_distinct: int = 4
+    # Every word tagged (``word_shapes.tagged_words``): at least ``tagged_min_words`` tokens, and
+    # ``tagged_share`` of them a word with a short bracketed tag ("keeps(5)"). Same text: 8 odd items
+    # fire (word lengths or positions in brackets), nothing else. 0 words turns it off.
+    tagged_min_words: int = 12
+    tagged_share: float = 0.6
+    # Prose in a container with no request around it (``containers.prose_in_container``): at
+    # least ``container_min_spans`` string literals or text nodes holding a six-word run of prose,
+    # ``container_min_words`` prose words in them, ``container_share`` of all the prompt's words,
+    # and no line outside them that a person wrote (module docstring). 0 spans turns it off. Same
+    # text: 142 odd items fire, 21 payloads without their request, and no data request, plain
+    # request or normal item. One span would catch 16 more odd items and still nothing else there,
+    # but a request pasted whole in quotes is one span of prose with nothing around it; at share
+    # 0.3 a data request fires, at 0.7 only 92 odd items do.
+    container_min_spans: int = 2
+    container_min_words: int = 16
+    container_share: float = 0.5
     injection_patterns: tuple[str, ...] = DEFAULT_INJECTION_PATTERNS
     special_token_patterns: tuple[str, ...] = DEFAULT_SPECIAL_TOKEN_PATTERNS
     _compiled: tuple[tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]] = field(
@@ -329,7 +351,8 @@ class TextThresholds:
             "emoji_min", "emoji_dominant_min", "mixed_word_min", "script_min_letters", "word_script_min_words",
             "punctuation_flood_min", "punctuation_flood_other_min", "separator_line_other_max", "separator_row_pipes_min",
             "mixed_punctuation_other_min", "repeat_min_words", "stacked_min_lines", "even_letters_min",
-            "growing_min_pairs", "embedded_min_families",
+            "growing_min_pairs", "embedded_min_families", "spelled_min_distinct", "tagged_min_words",
+            "container_min_spans", "container_min_words",
         ):
             _check_count(name, getattr(self, name))
         for name in (
@@ -346,6 +369,7 @@ class TextThresholds:
             "bidi_mark_rate", "combining_rate", "emoji_rate", "emoji_dominant_rate",
             "mixed_word_rate", "mixed_word_dominant_rate", "script_switch_rate", "word_script_switch_rate",
             "punctuation_flood_rate", "repeat_share", "stacked_repeat_share", "growing_share",
+            "tagged_share", "container_share",
         ):
             _check_rate(name, getattr(self, name))
         e = self.even_letters_effective
