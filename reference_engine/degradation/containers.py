@@ -38,8 +38,10 @@ _PROSE_RUN = re.compile(_WORD + r"(?:[,;]?\s+" + _WORD + r"){5,}")
 _NO_SPACE_RUN = re.compile(r"[\u0e00-\u0e7f\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]{6,}")
 _CDATA = re.compile(r"<!\[CDATA\[(.*?)\]\]>", re.S)
 _LITERALS = (
-    re.compile(r'"((?:[^"\\\n]|\\.)*)"'),
-    re.compile(r"'((?:[^'\\\n]|\\.|'')*)'"),
+    # An opening quote is never one escaped by a backslash: then a literal that finds no end fails
+    # once for its whole line, not once per escaped quote after it.
+    re.compile(r'(?<!\\)"((?:[^"\\\n]|\\.)*)"'),
+    re.compile(r"(?<!\\)'((?:[^'\\\n]|\\.|'')*)'"),
     re.compile(r">([^<>]*)<"),
     re.compile(r"`([^`\n]*)`"),
 )
