@@ -130,7 +130,28 @@ def _last(sets: list[Features]) -> np.ndarray:
     return np.vstack(out)
 
 
-def _max_window(probe: ip.InstructionProbe, sets: list[Features]) -> np.ndarray:
+class _Linear:
+    """Version 1 of the instruction probe (stops 57-65): a logistic model on the standardised pooled
+    directions. The packaged probe is a small network since stop 67; this exploration compared
+    linear probes and keeps its own."""
+
+    def __init__(self, mu: np.ndarray, sd: np.ndarray, w: np.ndarray) -> None:
+        self.mu, self.sd, self.coef, self.bias = mu, sd, w[:-1], float(w[-1])
+
+    def log_odds(self, x: np.ndarray) -> np.ndarray:
+        return ((np.atleast_2d(x) - self.mu) / self.sd) @ self.coef + self.bias
+
+
+def _fit_linear(blocks: tuple[int, ...], pos: np.ndarray, neg: np.ndarray, ridge: float) -> _Linear:
+    """The two classes weighing the same, as version 1's fit did (``blocks`` names them only)."""
+    X = np.vstack([pos, neg])
+    mu, sd = X.mean(0), X.std(0) + 1e-6
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    wts = np.r_[np.full(len(pos), 0.5 / len(pos)), np.full(len(neg), 0.5 / len(neg))]
+    return _Linear(mu, sd, ip.fit_logistic((X - mu) / sd, y, wts, ridge))
+
+
+def _max_window(probe: _Linear, sets: list[Features]) -> np.ndarray:
     """Each prompt's highest window score."""
     out = []
     for p, w, idx in sets:
@@ -140,16 +161,16 @@ def _max_window(probe: ip.InstructionProbe, sets: list[Features]) -> np.ndarray:
     return np.concatenate(out)
 
 
-def _window_probe(pos: list[Features], negw: np.ndarray, ridge: float) -> tuple[ip.InstructionProbe, ip.InstructionProbe]:
+def _window_probe(pos: list[Features], negw: np.ndarray, ridge: float) -> tuple[_Linear, _Linear]:
     """C0 on all windows, then C1 on each injection's two top windows under C0."""
-    c0 = ip.fit((22, 27), np.vstack([w for _, w, _ in pos]), negw, ridge)
+    c0 = _fit_linear((22, 27), np.vstack([w for _, w, _ in pos]), negw, ridge)
     tops = []
     for p, w, idx in pos:
         s = c0.log_odds(w)
         for i in range(len(p)):
             js = np.flatnonzero(idx == i)
             tops.append(w[js[np.argsort(-s[js])[:2]]])
-    return c0, ip.fit((22, 27), np.vstack(tops), negw, ridge)
+    return c0, _fit_linear((22, 27), np.vstack(tops), negw, ridge)
 
 
 def compare(folder: Path, also: list[str]) -> None:
@@ -173,11 +194,11 @@ def compare(folder: Path, also: list[str]) -> None:
 
     chosen: dict[str, tuple] = {}  # name -> (score of a list of Features, threshold)
     for ridge in (0.003, 0.03):
-        a = ip.fit((22, 27), _pooled(fit_pos), _pooled(fit_neg), ridge)
+        a = _fit_linear((22, 27), _pooled(fit_pos), _pooled(fit_neg), ridge)
         thr = report(f"A pooled r={ridge}", a.log_odds(_pooled(ch_ord)), a.log_odds(_pooled(ch_inj)))
         if ridge == 0.003:
             chosen["A pooled r=0.003"] = (lambda sets, a=a: a.log_odds(_pooled(sets)), thr)
-        b = ip.fit((22, 27), np.c_[_pooled(fit_pos), _last(fit_pos)], np.c_[_pooled(fit_neg), _last(fit_neg)], ridge)
+        b = _fit_linear((22, 27), np.c_[_pooled(fit_pos), _last(fit_pos)], np.c_[_pooled(fit_neg), _last(fit_neg)], ridge)
         report(f"B pooled+last r={ridge}", b.log_odds(np.c_[_pooled(ch_ord), _last(ch_ord)]),
                b.log_odds(np.c_[_pooled(ch_inj), _last(ch_inj)]))
     rng = np.random.default_rng(0)
@@ -187,7 +208,7 @@ def compare(folder: Path, also: list[str]) -> None:
             js = np.flatnonzero(idx == i)
             negw.append(w[rng.choice(js, min(6, len(js)), replace=False)])
     negw = np.vstack(negw)
-    a = ip.fit((22, 27), _pooled(fit_pos), _pooled(fit_neg), 0.003)
+    a = _fit_linear((22, 27), _pooled(fit_pos), _pooled(fit_neg), 0.003)
     sa_o, sa_i = a.log_odds(_pooled(ch_ord)), a.log_odds(_pooled(ch_inj))
     for ridge in (0.01, 0.1):
         c0, c1 = _window_probe(fit_pos, negw, ridge)

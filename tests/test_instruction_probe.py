@@ -1,5 +1,5 @@
-"""Unit tests of the instruction probe (reference_engine/degradation/instruction_probe.py): the fit,
-its storage and refusals, the packaged file's evidence, and where ``ood.judge`` asks it. Whether it
+"""Unit tests of the instruction probe (reference_engine/degradation/instruction_probe.py) and its
+fit (scripts/fit_instruction_probe.py): the network's reading, its storage and refusals, the packaged file's evidence, and where ``ood.judge`` asks it. Whether it
 catches injections written outside the project is ``rsp-bench degradation``'s question, on a split
 that chose nothing."""
 
@@ -18,24 +18,34 @@ BLOCKS = (2, 3)
 
 
 def _pooled(rng: np.random.Generator, instruction: bool) -> dict[int, np.ndarray]:
-    centre = np.r_[np.zeros(D - 1), 1.0] if instruction else np.r_[1.0, np.zeros(D - 1)]
-    return {b: centre + 0.4 * rng.standard_normal(D) for b in BLOCKS}
+    """Instructions sit at +e_last or -e_last, ordinary input at +e_0 or -e_0: two classes no line
+    separates (each class's mean is the origin), which a network's hidden units can."""
+    sign = rng.choice([-1.0, 1.0])
+    centre = sign * (np.r_[np.zeros(D - 1), 1.0] if instruction else np.r_[1.0, np.zeros(D - 1)])
+    return {b: centre + 0.2 * rng.standard_normal(D) for b in BLOCKS}
+
+
+def _rows(rng: np.random.Generator, instruction: bool, n: int) -> np.ndarray:
+    return np.array([np.concatenate([ip.unit(v) for v in _pooled(rng, instruction).values()]) for _ in range(n)])
 
 
 @pytest.fixture(scope="module")
 def probe() -> ip.InstructionProbe:
     rng = np.random.default_rng(0)
-    pos = np.array([np.concatenate([ip.unit(v) for v in _pooled(rng, True).values()]) for _ in range(40)])
-    neg = np.array([np.concatenate([ip.unit(v) for v in _pooled(rng, False).values()]) for _ in range(80)])
-    p = ip.fit(BLOCKS, pos, neg, ridge=0.1)
-    return ip.InstructionProbe(p.blocks, p.mu, p.sd, p.coef, p.bias, 0.0, {"fit_splits": ["x"]})
+    p = _fit_script().train(BLOCKS, _rows(rng, True, 60), _rows(rng, False, 120), width=8, members=3, epochs=400)
+    return ip.InstructionProbe(p.blocks, p.mu, p.sd, p.w1, p.b1, p.w2, p.b2, 0.0, {"fit_splits": ["x"]})
 
 
-def test_fit_separates_and_fires_only_above_the_threshold(probe) -> None:
+def test_fit_separates_what_no_line_does_and_fires_only_above_the_threshold(probe) -> None:
     rng = np.random.default_rng(1)
     assert sum(probe.fires(_pooled(rng, True)) for _ in range(50)) >= 45
     assert sum(probe.fires(_pooled(rng, False)) for _ in range(50)) <= 5
-    raised = ip.InstructionProbe(probe.blocks, probe.mu, probe.sd, probe.coef, probe.bias, 1e9, {})
+    # the best line on the same rows (version 1's logistic probe) stays near chance here
+    pos, neg = _rows(rng, True, 200), _rows(rng, False, 200)
+    X, y = np.vstack([pos, neg]), np.r_[np.ones(200), np.zeros(200)]
+    w = ip.fit_logistic(X, y, np.full(400, 1 / 400), 0.01)
+    assert np.mean(((X @ w[:-1] + w[-1]) > 0) == y) < 0.7
+    raised = ip.InstructionProbe(probe.blocks, probe.mu, probe.sd, probe.w1, probe.b1, probe.w2, probe.b2, 1e9, {})
     assert not raised.fires(_pooled(rng, True))
     # scale does not matter (the probe reads directions), a missing block means no verdict
     x = _pooled(rng, True)
@@ -43,9 +53,23 @@ def test_fit_separates_and_fires_only_above_the_threshold(probe) -> None:
     assert probe.features({BLOCKS[0]: x[BLOCKS[0]]}) is None and not probe.fires({BLOCKS[0]: x[BLOCKS[0]]})
 
 
+def test_the_engines_reading_is_the_networks_the_fit_trained(probe) -> None:
+    """numpy's tanh-GELU and ensemble mean against torch's layers with the same weights."""
+    import torch
+
+    x = np.random.default_rng(2).standard_normal((5, 2 * D))
+    z = torch.tensor((x - probe.mu) / probe.sd)
+    outs = []
+    for e in range(len(probe.b2)):
+        h = torch.nn.functional.gelu(z @ torch.tensor(probe.w1[e]) + torch.tensor(probe.b1[e]), approximate="tanh")
+        outs.append((h @ torch.tensor(probe.w2[e]) + float(probe.b2[e])).numpy())
+    assert probe.log_odds(x) == pytest.approx(np.mean(outs, 0), rel=1e-9, abs=1e-9)
+    assert probe.log_odds(x[0]).shape == (1,)
+
+
 def test_fit_refuses_too_few_rows() -> None:
-    with pytest.raises(ValueError, match="at least|>= 8"):
-        ip.fit(BLOCKS, np.zeros((3, 2 * D)), np.zeros((20, 2 * D)), 0.1)
+    with pytest.raises(ValueError, match=">= 8"):
+        _fit_script().train(BLOCKS, np.zeros((3, 2 * D)), np.zeros((20, 2 * D)), width=4, members=1, epochs=1)
 
 
 def test_save_load_round_trip_and_refusals(probe, tmp_path) -> None:
@@ -54,10 +78,16 @@ def test_save_load_round_trip_and_refusals(probe, tmp_path) -> None:
     ip.save(path, sha, probe)
     back = ip.load(path, sha)
     assert back is not None and back.blocks == probe.blocks and back.threshold == probe.threshold
-    assert np.array_equal(back.coef, probe.coef) and back.info == probe.info
+    assert all(np.array_equal(getattr(back, k), getattr(probe, k)) for k in ip.ARRAYS) and back.info == probe.info
     assert not list(path.parent.glob("*.tmp*"))
     assert ip.load(path, "cd" * 32) is None  # other weights
     assert ip.load(tmp_path / "missing.npz", sha) is None
+    # a file whose arrays disagree in shape is refused, not read
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **{**arrays, "w2": arrays["w2"][:, :-1]})
+    assert ip.load(bad, sha) is None
     path.write_bytes(path.read_bytes()[:100])
     assert ip.load(path, sha) is None  # damaged
 
@@ -71,7 +101,7 @@ def test_the_packaged_probe_loads_and_names_splits_that_report_nothing() -> None
     with np.load(files[0]) as z:
         sha = json.loads(str(z["meta"]))["weights_sha256"]
     probe = ip.load(files[0], sha)
-    assert probe is not None and np.isfinite(probe.threshold) and len(probe.coef) == len(probe.mu)
+    assert probe is not None and np.isfinite(probe.threshold) and probe.w1.shape[1] == len(probe.mu)
     info = probe.info
     assert set(info["fit_splits"]).isdisjoint(info["choose_splits"])
     # the split the README reports on blind (rsp-bench degradation's default) chose nothing

@@ -39,7 +39,7 @@ Layout (one concept per module; this package re-exports the public names):
                         first half; ``ood.judge`` is the other), not re-exported
   language_rule         which plain requests in other languages pruning spares, not re-exported
   instruction_probe     instructions addressed to the model read from the pooled hidden states
-                        (a logistic probe; ``ood.judge`` runs it), not re-exported
+                        (an ensemble of small networks; ``ood.judge`` runs it), not re-exported
 
 The model-level out-of-distribution score that catches what no character rule lists (random
 and machine-made text, stacked combining marks) is ``reference_engine.ood``; the mean-loss and

@@ -4,12 +4,15 @@ read by meaning, not by a list of cues.
 Six versions of the embedded-instruction cue list (``embedded_instructions``) caught 20-58% of the
 next blind set's injections: every set brings framings that share no words with the last. The
 model itself reads what a prompt asks of it; the score (``reference_engine.ood``) already pools
-each prompt's hidden states at two blocks (``PromptStats.pooled``). The probe is one logistic
-model on those two unit directions, fitted on the injections of development splits against their
-ordinary requests (data requests, plain English, plain requests in 24 languages) and the normal
-corpus, its threshold chosen on other development splits for a stated false-alarm rate over their
-whole ordinary side (``scripts/fit_instruction_probe.py``; the file names the splits). Its cost is
-one dot product of 1,152 numbers per prompt.
+each prompt's hidden states at two blocks (``PromptStats.pooled``). The probe reads those two unit
+directions. Version 1 (stops 57-65) was one logistic model; twice the injections in its fit bought
+it nothing (stop 65), while a small network on the same directions separates what a line cannot.
+Version 2 is an ensemble of ``E`` one-hidden-layer networks (``H`` tanh-GELU units each), fitted on
+the injections of development splits against their ordinary requests (data requests, plain
+English, plain requests in 24 languages), the normal corpus and the project's own prompts; its
+threshold is chosen on other development splits for a stated false-alarm rate over their whole
+ordinary side (``scripts/fit_instruction_probe.py``, which trains it; the file names the splits).
+Its cost is E x 1,152 x H multiply-adds per prompt (184k: ~0.06 ms).
 
 It runs where the score runs (``ood.judge``): a prompt the score passes, or excuses as a request
 carrying data or a plain request in a spared language, is still degraded when the probe fires
@@ -28,19 +31,22 @@ from pathlib import Path
 
 import numpy as np
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True)
 class InstructionProbe:
-    """A logistic model on a prompt's pooled unit directions at ``blocks``, and its threshold."""
+    """An ensemble of one-hidden-layer networks on a prompt's pooled unit directions at ``blocks``,
+    and its threshold on the members' mean log-odds."""
 
     blocks: tuple[int, ...]
     mu: np.ndarray  # [F] standardisation, F = len(blocks) x D
     sd: np.ndarray
-    coef: np.ndarray  # [F]
-    bias: float
-    threshold: float  # on the log-odds
+    w1: np.ndarray  # [E, F, H]
+    b1: np.ndarray  # [E, H]
+    w2: np.ndarray  # [E, H]
+    b2: np.ndarray  # [E]
+    threshold: float
     info: dict  # the evidence: splits, counts, the choice
 
     def features(self, pooled: dict[int, np.ndarray]) -> np.ndarray | None:
@@ -50,11 +56,19 @@ class InstructionProbe:
         return np.concatenate([unit(pooled[b]) for b in self.blocks])
 
     def log_odds(self, x: np.ndarray) -> np.ndarray:
-        return ((np.atleast_2d(x) - self.mu) / self.sd) @ self.coef + self.bias
+        """The members' mean log-odds for feature rows ``x`` ([N, F] or [F]) -> [N]."""
+        z = (np.atleast_2d(x) - self.mu) / self.sd
+        h = gelu(np.matmul(z[None], self.w1) + self.b1[:, None, :])  # [E, N, H]; a batched BLAS call
+        return (np.matmul(h, self.w2[:, :, None])[..., 0] + self.b2[:, None]).mean(0)
 
     def fires(self, pooled: dict[int, np.ndarray]) -> bool:
         x = self.features(pooled)
         return x is not None and bool(self.log_odds(x)[0] > self.threshold)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh form, the one the fit trains with (torch's ``approximate="tanh"``)."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
 def unit(v: np.ndarray) -> np.ndarray:
@@ -78,32 +92,24 @@ def fit_logistic(A: np.ndarray, y: np.ndarray, wts: np.ndarray, ridge: float) ->
     return w
 
 
-def fit(blocks: tuple[int, ...], pos: np.ndarray, neg: np.ndarray, ridge: float) -> InstructionProbe:
-    """Fit on feature rows ``pos`` (instructions to the model) against ``neg`` (ordinary input),
-    the two classes weighing the same; the threshold is left at +inf for the caller to choose."""
-    if len(pos) < 8 or len(neg) < 8:
-        raise ValueError(f"need >= 8 rows in each class, got {len(pos)} and {len(neg)}")
-    X = np.vstack([pos, neg])
-    mu, sd = X.mean(0), X.std(0) + 1e-6
-    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
-    wts = np.r_[np.full(len(pos), 0.5 / len(pos)), np.full(len(neg), 0.5 / len(neg))]
-    w = fit_logistic((X - mu) / sd, y, wts, ridge)
-    return InstructionProbe(tuple(blocks), mu, sd, w[:-1], float(w[-1]), float("inf"), {"ridge": ridge})
-
-
 def probe_path(folder: Path, weights_sha256: str) -> Path:
     return folder / "calibration" / f"{weights_sha256[:16]}-instruction-probe-v{VERSION}.npz"
 
 
 def save(path: Path, weights_sha256: str, probe: InstructionProbe) -> None:
     """Write the probe atomically (a temporary file beside it, then a rename)."""
-    meta = {"version": VERSION, "weights_sha256": weights_sha256, "blocks": list(probe.blocks), "bias": probe.bias,
+    meta = {"version": VERSION, "weights_sha256": weights_sha256, "blocks": list(probe.blocks),
             "threshold": probe.threshold, "info": probe.info}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), mu=probe.mu.astype(np.float64),
-                        sd=probe.sd.astype(np.float64), coef=probe.coef.astype(np.float64))
+    np.savez_compressed(tmp, meta=np.array(json.dumps(meta)),
+                        **{k: getattr(probe, k).astype(np.float32 if k == "w1" else np.float64) for k in ARRAYS})
     tmp.replace(path)
+
+
+#: The probe's arrays; ``w1`` is stored in float32 (its product is read in float64; the fit's own
+#: scores are float32 throughout).
+ARRAYS = ("mu", "sd", "w1", "b1", "w2", "b2")
 
 
 def load(path: Path, weights_sha256: str) -> InstructionProbe | None:
@@ -112,12 +118,14 @@ def load(path: Path, weights_sha256: str) -> InstructionProbe | None:
     try:
         with np.load(path, allow_pickle=False) as z:
             d = json.loads(str(z["meta"]))
-            mu, sd, coef = (z[k].astype(np.float64) for k in ("mu", "sd", "coef"))
+            mu, sd, w1, b1, w2, b2 = (z[k].astype(np.float64) for k in ARRAYS)
         if d.get("version") != VERSION or d.get("weights_sha256") != weights_sha256:
             return None
-        if not (mu.shape == sd.shape == coef.shape and mu.ndim == 1 and np.all(sd > 0)):
+        e, f, h = w1.shape
+        if not (mu.shape == sd.shape == (f,) and b1.shape == w2.shape == (e, h) and b2.shape == (e,)
+                and np.all(sd > 0)):
             return None
-        return InstructionProbe(tuple(int(b) for b in d["blocks"]), mu, sd, coef, float(d["bias"]),
-                                float(d["threshold"]), dict(d.get("info", {})))
+        return InstructionProbe(tuple(int(b) for b in d["blocks"]), mu, sd, w1, b1, w2, b2, float(d["threshold"]),
+                                dict(d.get("info", {})))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
         return None
