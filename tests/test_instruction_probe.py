@@ -109,7 +109,7 @@ def test_the_packaged_probe_loads_and_names_splits_that_report_nothing() -> None
 
     reported = Path(REPORTED_SPLIT).parent.name.removeprefix("degradation_heldout_")
     assert reported not in set(info["fit_splits"]) | set(info["choose_splits"]), reported
-    # nor did any split with no report in results/ (held out for one: 12-07f when stop 65 reported 12-07e, 12-07g when stop 66 reported 12-07f)
+    # nor did any split with no report in results/ (held out for one: 12-07g when stop 66 reported 12-07f, 12-07h when stop 67 reported 12-07g)
     results = Path(__file__).resolve().parents[1] / "results"
     unreported = sorted(s for s in set(info["fit_splits"]) | set(info["choose_splits"])
                         if not (results / f"degradation_heldout_{s}.json").exists())

@@ -326,10 +326,9 @@ def test_hung_worker_turns_health_503(tiny_engine, monkeypatch):
     gate = threading.Event()
     monkeypatch.setattr(runner, "run_completion", lambda *a, **kw: gate.wait(30))
     with TestClient(create_app(tiny_engine, ServerSettings(DEFAULT, hang_s=0.3))) as c:
-        t0 = time.perf_counter()
         r = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2})
-        assert r.status_code == 503 and "no progress" in r.json()["error"]["message"]
-        assert time.perf_counter() - t0 < 1.5
+        # the hang detector answered (the hung call itself would return only when the gate opens)
+        assert r.status_code == 503 and "no progress" in r.json()["error"]["message"] and not gate.is_set()
         assert c.get("/health").status_code == 503
         gate.set()
 
@@ -339,11 +338,15 @@ def test_request_timeout_is_504_and_stops_the_decode(tiny_engine, monkeypatch):
     monkeypatch.setattr(runner.RowControl, "token", lambda self, *a: (time.sleep(0.02), real(self, *a)))
     settings = ServerSettings(DEFAULT, limits=Limits(request_timeout_s=0.3))
     with TestClient(create_app(tiny_engine, settings)) as c:
-        t0 = time.perf_counter()
         r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 200}, headers=OFF)
         assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
-        assert time.perf_counter() - t0 < 2.0  # 200 tokens would take 4 s
-        assert metric(c.get("/metrics").text, "rsp_cancelled_requests_total", '{reason="timeout"}') == 1.0
+        text = c.get("/metrics").text
+        assert metric(text, "rsp_cancelled_requests_total", '{reason="timeout"}') == 1.0
+        # stopped by the timeout, not run to the end: ~15 tokens fit in 0.3 s at 20 ms a step, 200 would
+        # take 4 s (counted in tokens, not wall-clock time, which a loaded machine stretches)
+        assert re.search(r"^rsp_cancelled_decoded_tokens_sum ", text, re.M), "the cancelled request's tokens are counted"
+        decoded = metric(text, "rsp_cancelled_decoded_tokens_sum")
+        assert decoded < 100, decoded
 
 
 def test_disconnect_mid_stream_stops_the_engine_within_steps(tiny_engine, monkeypatch, live_server):
@@ -385,9 +388,9 @@ def test_shutdown_fails_queued_and_cancels_running_within_deadline():
         running = w.submit(decode, cancel=cancel)
         queued = w.submit(lambda: "never")
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
-        t0 = time.perf_counter()
+        # True: everything ended within the deadline (the running call heard its Cancel; a call that
+        # ignored it would keep shutdown waiting to the deadline and return False)
         assert await asyncio.get_running_loop().run_in_executor(None, w.shutdown, 2.0)
-        assert time.perf_counter() - t0 < 0.5
         assert await running == "shutdown"
         with pytest.raises(BaseException):
             await queued
