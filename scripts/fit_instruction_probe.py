@@ -24,7 +24,7 @@ splits and the project's own prompts ~42 min). ``--cache DIR`` keeps them per sp
 
     python scripts/fit_instruction_probe.py --cache ~/.cache/rsp-bench/probe-features
 
-(~3 min with every split's features cached.)
+(~2 min with every split's features cached.)
 
 Must not be imported by the engine or the harness.
 """
