@@ -131,7 +131,7 @@ def _last(sets: list[Features]) -> np.ndarray:
 
 
 class _Linear:
-    """Version 1 of the instruction probe (stops 57-65): a logistic model on the standardised pooled
+    """Version 1 of the instruction probe (stops 57-66): a logistic model on the standardised pooled
     directions. The packaged probe is a small network since stop 67; this exploration compared
     linear probes and keeps its own."""
 

@@ -20,7 +20,7 @@ numpy (``instruction_probe.InstructionProbe.log_odds``), and the threshold is ch
 scores, not the training's.
 
 Features are the prefill's pooled hidden states (``ood.collect``, ~0.35 s a prompt on 2 cores; all
-splits and the project's own prompts ~42 min). ``--cache DIR`` keeps them per split between runs. Run:
+splits and the project's own prompts ~60 min). ``--cache DIR`` keeps them per split between runs. Run:
 
     python scripts/fit_instruction_probe.py --cache ~/.cache/rsp-bench/probe-features
 

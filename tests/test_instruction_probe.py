@@ -1,7 +1,7 @@
 """Unit tests of the instruction probe (reference_engine/degradation/instruction_probe.py) and its
-fit (scripts/fit_instruction_probe.py): the network's reading, its storage and refusals, the packaged file's evidence, and where ``ood.judge`` asks it. Whether it
-catches injections written outside the project is ``rsp-bench degradation``'s question, on a split
-that chose nothing."""
+fit (scripts/fit_instruction_probe.py): the network's reading, its storage and refusals, the
+packaged file's evidence, and where ``ood.judge`` asks it. Whether it catches injections written
+outside the project is ``rsp-bench degradation``'s question, on a split that chose nothing."""
 
 from __future__ import annotations
 
